@@ -1,0 +1,57 @@
+// SPDX-License-Identifier: GPL-2.0
+
+// Copyright (C) 2026 The gdirect authors.
+
+//! gdirect: GPU-direct storage.
+//!
+//! A peer-memory client: it pins device memory, translates its pages into bus addresses for the
+//! storage drivers, and reads and writes file data straight into it. Userspace drives it through
+//! the ioctls of `/dev/gdirect`, defined in `include/uapi/linux/gdirect.h`.
+//!
+//! This file holds the module object (one per load), the list of the module's parts and the misc
+//! device registration; each concept lives in its own file.
+
+use kernel::prelude::*;
+
+mod file;
+mod misc;
+mod uapi;
+
+use file::GdirectFile;
+use misc::OwnedMiscDevice;
+
+module! {
+    type: GdirectModule,
+    name: "gdirect",
+    authors: ["The gdirect authors"],
+    description: "GPU-direct storage: peer-memory client for NVMe and NVMe over Fabrics",
+    license: "GPL",
+}
+
+/// The module version, `major.minor.patch`, reported by `GET_INFO`.
+pub(crate) const VERSION: (u32, u32, u32) = (0, 1, 0);
+
+/// The mode of `/dev/gdirect`: the owner and its group may use the device.
+const DEVICE_MODE: u16 = 0o660;
+
+#[pin_data]
+struct GdirectModule {
+    #[pin]
+    _device: OwnedMiscDevice<GdirectFile>,
+}
+
+impl kernel::InPlaceModule for GdirectModule {
+    fn init(module: &'static ThisModule) -> impl PinInit<Self, Error> {
+        try_pin_init!(Self {
+            _device <- OwnedMiscDevice::register(c"gdirect", DEVICE_MODE, module),
+        })
+        .pin_chain(|_| {
+            let (major, minor, patch) = VERSION;
+            pr_info!(
+                "version {major}.{minor}.{patch} loaded, ABI version {}, /dev/gdirect\n",
+                uapi::ABI_VERSION
+            );
+            Ok(())
+        })
+    }
+}
