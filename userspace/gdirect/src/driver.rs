@@ -1,0 +1,256 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+//! [`Driver`]: an open handle to `/dev/gdirect`, and what the module says about itself.
+
+use std::{
+    fmt,
+    os::fd::{AsRawFd, OwnedFd},
+    path::{Path, PathBuf},
+};
+
+use nix::{fcntl::OFlag, sys::stat::Mode};
+
+use crate::{
+    error::{Errno, Error, Result},
+    sys,
+};
+
+/// The device path, unless `GDIRECT_DEVICE` names another.
+pub const DEFAULT_DEVICE_PATH: &str = "/dev/gdirect";
+
+/// The ABI version this library speaks (`GDIRECT_ABI_VERSION` of the header it was built from).
+pub const ABI_VERSION: u32 = sys::GDIRECT_ABI_VERSION;
+
+/// Where registered device memory comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Provider {
+    /// Ordinary user memory, pinned.
+    Host,
+    /// NVIDIA GPU memory through the nv-p2p kernel interface.
+    Nvidia,
+    /// Memory registered with PCI P2PDMA, through a user mapping.
+    P2pdma,
+}
+
+impl Provider {
+    /// Every provider the ABI defines.
+    pub const ALL: [Provider; 3] = [Provider::Host, Provider::Nvidia, Provider::P2pdma];
+
+    /// The provider's name, as the CLI and JSON spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::Host => "host",
+            Provider::Nvidia => "nvidia",
+            Provider::P2pdma => "p2pdma",
+        }
+    }
+
+    fn id(self) -> u32 {
+        match self {
+            Provider::Host => sys::gdirect_provider::GDIRECT_PROVIDER_HOST,
+            Provider::Nvidia => sys::gdirect_provider::GDIRECT_PROVIDER_NVIDIA,
+            Provider::P2pdma => sys::gdirect_provider::GDIRECT_PROVIDER_P2PDMA,
+        }
+    }
+}
+
+impl fmt::Display for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A module version, `major.minor.patch`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version {
+    /// Major version.
+    pub major: u32,
+    /// Minor version.
+    pub minor: u32,
+    /// Patch level.
+    pub patch: u32,
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+/// What the module reports about itself (`GDIRECT_IOC_GET_INFO`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Info {
+    /// The module's ABI version.
+    pub abi_version: u32,
+    /// The module's version.
+    pub version: Version,
+    /// Mask of `1 << GDIRECT_PROVIDER_*` the module can use now.
+    providers_mask: u32,
+    /// Files open on the device, the caller's included.
+    pub open_files: u32,
+}
+
+impl Info {
+    /// Whether the module can use `provider` now (its backing driver is present).
+    pub fn has_provider(&self, provider: Provider) -> bool {
+        self.providers_mask & (1 << provider.id()) != 0
+    }
+
+    /// The providers the module can use now.
+    pub fn providers(&self) -> impl Iterator<Item = Provider> + '_ {
+        Provider::ALL.into_iter().filter(|p| self.has_provider(*p))
+    }
+}
+
+/// An open handle to the gdirect module.
+///
+/// Opening performs the version handshake: a module with another ABI version is refused with
+/// [`Error::VersionMismatch`] before anything else is asked of it.
+///
+/// ```no_run
+/// let driver = gdirect::Driver::open()?;
+/// let info = driver.info()?;
+/// println!("gdirect {} (ABI {})", info.version, info.abi_version);
+/// # Ok::<(), gdirect::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Driver {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl Driver {
+    /// Opens the device at `GDIRECT_DEVICE`, or `/dev/gdirect`.
+    pub fn open() -> Result<Self> {
+        let path = std::env::var_os("GDIRECT_DEVICE")
+            .map_or_else(|| PathBuf::from(DEFAULT_DEVICE_PATH), PathBuf::from);
+        Self::open_path(path)
+    }
+
+    /// Opens the device at `path` and checks its ABI version.
+    pub fn open_path(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let fd = nix::fcntl::open(&path, OFlag::O_RDWR | OFlag::O_CLOEXEC, Mode::empty()).map_err(
+            |errno| match errno {
+                Errno::ENOENT => Error::ModuleNotLoaded {
+                    path: path.clone(),
+                    reason: "does not exist",
+                },
+                Errno::ENODEV | Errno::ENXIO => Error::ModuleNotLoaded {
+                    path: path.clone(),
+                    reason: "has no driver behind it",
+                },
+                Errno::EACCES | Errno::EPERM => Error::PermissionDenied { path: path.clone() },
+                errno => Error::Open {
+                    path: path.clone(),
+                    errno,
+                },
+            },
+        )?;
+        let driver = Self { fd, path };
+        let info = driver.info().map_err(|e| match e {
+            Error::Ioctl { errno, path, .. }
+                if errno == Errno::ENOTTY || errno == Errno::EINVAL =>
+            {
+                Error::NotGdirect { path, errno }
+            }
+            e => e,
+        })?;
+        if info.abi_version != ABI_VERSION {
+            return Err(Error::VersionMismatch {
+                path: driver.path,
+                module: info.abi_version,
+                library: ABI_VERSION,
+            });
+        }
+        Ok(driver)
+    }
+
+    /// The device path this handle was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Asks the module what it is and what it can do (`GDIRECT_IOC_GET_INFO`).
+    pub fn info(&self) -> Result<Info> {
+        let mut args = sys::gdirect_info_args::default();
+        // SAFETY: `args` is a valid, writable `gdirect_info_args` for the duration of the call,
+        // and the module keeps no pointer to it.
+        unsafe { sys::get_info(self.fd.as_raw_fd(), &mut args) }
+            .map_err(|errno| self.ioctl_error("GDIRECT_IOC_GET_INFO", errno))?;
+        Ok(Info {
+            abi_version: args.abi_version,
+            version: Version {
+                major: args.version_major,
+                minor: args.version_minor,
+                patch: args.version_patch,
+            },
+            providers_mask: args.providers,
+            open_files: args.open_files,
+        })
+    }
+
+    fn ioctl_error(&self, ioctl: &'static str, errno: Errno) -> Error {
+        Error::Ioctl {
+            ioctl,
+            path: self.path.clone(),
+            errno,
+        }
+    }
+}
+
+impl AsRawFd for Driver {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_device_is_module_not_loaded() {
+        let err = Driver::open_path("/nonexistent/gdirect").unwrap_err();
+        assert!(matches!(err, Error::ModuleNotLoaded { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("/nonexistent/gdirect") && text.contains("insmod"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn other_device_is_not_gdirect() {
+        // /dev/null answers every ioctl with ENOTTY.
+        let err = Driver::open_path("/dev/null").unwrap_err();
+        match err {
+            Error::NotGdirect { errno, ref path } => {
+                assert_eq!(errno, Errno::ENOTTY);
+                assert_eq!(path, Path::new("/dev/null"));
+                assert!(err.to_string().contains("ENOTTY"), "{err}");
+            }
+            other => panic!("expected NotGdirect, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn provider_bits_follow_the_header() {
+        let info = Info {
+            abi_version: ABI_VERSION,
+            version: Version {
+                major: 0,
+                minor: 1,
+                patch: 0,
+            },
+            providers_mask: 1 << sys::gdirect_provider::GDIRECT_PROVIDER_P2PDMA,
+            open_files: 1,
+        };
+        assert_eq!(info.providers().collect::<Vec<_>>(), vec![Provider::P2pdma]);
+        assert!(!info.has_provider(Provider::Host));
+        assert_eq!(
+            Provider::ALL.len() as u32,
+            sys::gdirect_provider::GDIRECT_PROVIDER_COUNT
+        );
+    }
+}
