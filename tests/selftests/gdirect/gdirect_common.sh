@@ -1,0 +1,272 @@
+# SPDX-License-Identifier: GPL-2.0
+#
+# Helpers shared by the gdirect selftests. Sourced, not run. Helpers are
+# `_`-prefixed, as in selftests/ublk. In the rig, scripts/vm sets GDIRECT_LIB
+# and GDIRECT_MODULE and the facts of the run (/etc/gdirect/rig.env).
+
+GDIRECT_LIB=${GDIRECT_LIB:-$(dirname "$0")}
+. "$GDIRECT_LIB/ktap_helpers.sh"
+
+# busybox sh runs its own applets before searching $PATH; its `ip` cannot make
+# veth pairs. Use iproute2's where it is installed.
+for _ip in /usr/sbin/ip /sbin/ip /bin/ip; do
+	[ -x "$_ip" ] && [ ! -L "$_ip" ] && { eval "ip() { $_ip \"\$@\"; }"; break; }
+done
+
+GDIRECT_MODULE=${GDIRECT_MODULE:-/lib/gdirect/gdirect.ko}
+GDIRECT_DEV=/dev/gdirect
+
+# One KTAP result: run the command (its arguments kept intact, unlike
+# ktap_test_result, which word-splits them) and report it as description $1.
+_test() {
+	description=$1
+	shift
+	if "$@"; then
+		ktap_test_pass "$description"
+	else
+		ktap_test_fail "$description"
+	fi
+}
+
+# Exit with KSFT_SKIP unless running as root.
+_require_root() {
+	[ "$(id -u)" -eq 0 ] || { ktap_skip_all "needs root"; exit "$KSFT_SKIP"; }
+}
+
+# Exit with KSFT_SKIP unless every named command exists.
+_require_cmd() {
+	for c in "$@"; do
+		command -v "$c" >/dev/null 2>&1 || { ktap_skip_all "needs $c"; exit "$KSFT_SKIP"; }
+	done
+}
+
+_module_loaded() { [ -d /sys/module/gdirect ]; }
+
+# Load the module unless it is loaded; remember whether this test loaded it.
+_GDIRECT_LOADED_HERE=0
+_load_module() {
+	_module_loaded && return 0
+	insmod "$GDIRECT_MODULE" || return 1
+	_GDIRECT_LOADED_HERE=1
+}
+
+# Unload the module if this test loaded it.
+_unload_module_if_ours() {
+	[ "$_GDIRECT_LOADED_HERE" -eq 1 ] && _module_loaded && rmmod gdirect
+	_GDIRECT_LOADED_HERE=0
+}
+
+# Kernel log lines since the last _dmesg_mark.
+_DMESG_MARK=0
+_dmesg_mark() { _DMESG_MARK=$(dmesg | wc -l); }
+_dmesg_since_mark() { dmesg | tail -n +$((_DMESG_MARK + 1)); }
+
+# Compare two values; print both on mismatch. Usage: _expect_eq WHAT EXPECTED ACTUAL
+_expect_eq() {
+	[ "$2" = "$3" ] && return 0
+	ktap_print_msg "$1: expected '$2', got '$3'"
+	return 1
+}
+
+# The NVMe controller (nvmeN) whose serial is $1.
+_nvme_ctrl_by_serial() {
+	for c in /sys/class/nvme/nvme*; do
+		[ "$(cat "$c/serial" 2>/dev/null | tr -d ' ')" = "$1" ] && { basename "$c"; return 0; }
+	done
+	return 1
+}
+
+# The PCI address of the NVMe controller whose serial is $1.
+_nvme_bdf_by_serial() {
+	ctrl=$(_nvme_ctrl_by_serial "$1") || return 1
+	basename "$(readlink -f "/sys/class/nvme/$ctrl/device")"
+}
+
+# The block device of the first namespace of the NVMe controller whose serial is $1.
+_nvme_ns_by_serial() {
+	ctrl=$(_nvme_ctrl_by_serial "$1") || return 1
+	for ns in /sys/block/nvme*; do
+		case "$(readlink -f "$ns/device")" in
+		*/"$ctrl") echo "/dev/$(basename "$ns")"; return 0 ;;
+		esac
+	done
+	return 1
+}
+
+# PCI addresses of the functions with vendor $1 and device $2 (as 0x1af4 0x1110).
+_pci_by_id() {
+	for d in /sys/bus/pci/devices/*; do
+		[ "$(cat "$d/vendor")" = "$1" ] && [ "$(cat "$d/device")" = "$2" ] && basename "$d"
+	done
+}
+
+# The emulated GPU memory of the rig (ivshmem-plain, 1af4:1110).
+_gpu_bdf() { _pci_by_id 0x1af4 0x1110 | head -n 1; }
+
+# The PCI address of the bridge above the function $1.
+_pci_parent() { basename "$(dirname "$(readlink -f "/sys/bus/pci/devices/$1")")"; }
+
+# Size in bytes of BAR $2 of the function $1, from its sysfs resource table.
+_pci_bar_size() {
+	sed -n "$(($2 + 1))p" "/sys/bus/pci/devices/$1/resource" | {
+		read -r start end _
+		echo $((end - start + 1))
+	}
+}
+
+# Ask the host runner to check, after the VM exits, that the emulated GPU's
+# backing file holds bytes with this sha256 at this offset.
+# Usage: _host_expect_gpu_bytes OFFSET LEN SHA256
+_host_expect_gpu_bytes() {
+	echo "GDIRECT-SHM-EXPECT $1 $2 $3 $(basename "$0")"
+}
+
+# NVMe over Fabrics loop inside the guest: a veth pair, optionally a soft-RoCE
+# device on it, an nvmet target on one end, the host connecting to it.
+GDIRECT_NVMEOF_ADDR=169.254.77.1
+GDIRECT_NVMEOF_PORT=4420
+GDIRECT_NVMET=/sys/kernel/config/nvmet
+
+_veth_up() {
+	ip link add gdv0 type veth peer name gdv1 &&
+		ip link set gdv0 up && ip link set gdv1 up &&
+		ip addr add "$GDIRECT_NVMEOF_ADDR/24" dev gdv0
+}
+
+_veth_down() { ip link del gdv0 2>/dev/null; }
+
+_rxe_up() { rdma link add rxe0 type rxe netdev gdv0; }
+_rxe_down() { rdma link delete rxe0 2>/dev/null; }
+
+# Export block device $2 as subsystem $1 on port $3 (id) with transport $4.
+_nvmet_export() {
+	nqn=$1 dev=$2 portid=$3 trtype=$4
+	s="$GDIRECT_NVMET/subsystems/$nqn"
+	p="$GDIRECT_NVMET/ports/$portid"
+	mkdir "$s" && echo 1 >"$s/attr_allow_any_host" &&
+		mkdir "$s/namespaces/1" && echo "$dev" >"$s/namespaces/1/device_path" &&
+		echo 1 >"$s/namespaces/1/enable" &&
+		mkdir "$p" && echo "$trtype" >"$p/addr_trtype" && echo ipv4 >"$p/addr_adrfam" &&
+		echo "$GDIRECT_NVMEOF_ADDR" >"$p/addr_traddr" && echo "$GDIRECT_NVMEOF_PORT" >"$p/addr_trsvcid" &&
+		ln -s "$s" "$p/subsystems/$nqn"
+}
+
+# Undo _nvmet_export; tolerant of a partial export.
+_nvmet_unexport() {
+	nqn=$1 portid=$2
+	s="$GDIRECT_NVMET/subsystems/$nqn"
+	p="$GDIRECT_NVMET/ports/$portid"
+	[ -L "$p/subsystems/$nqn" ] && rm "$p/subsystems/$nqn"
+	[ -d "$p" ] && rmdir "$p"
+	[ -d "$s/namespaces/1" ] && { echo 0 >"$s/namespaces/1/enable"; rmdir "$s/namespaces/1"; }
+	[ -d "$s" ] && rmdir "$s"
+	return 0
+}
+
+# The host-side controller (nvmeN) connected to subsystem $1, if any.
+_nvmeof_ctrl_by_nqn() {
+	for c in /sys/class/nvme/nvme*; do
+		[ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$1" ] && { basename "$c"; return 0; }
+	done
+	return 1
+}
+
+# The block device of namespace 1 of subsystem $1 as the host sees it: under
+# the controller without NVMe multipath, under the subsystem with it.
+_nvmeof_ns_by_nqn() {
+	ctrl=$(_nvmeof_ctrl_by_nqn "$1") || return 1
+	for ns in /sys/class/nvme/"$ctrl"/nvme*n1 /sys/class/nvme-subsystem/*/nvme*n1; do
+		[ -e "$ns" ] || continue
+		case "$ns" in
+		/sys/class/nvme-subsystem/*) [ "$(cat "$(dirname "$ns")/subsysnqn")" = "$1" ] || continue ;;
+		esac
+		echo "/dev/$(basename "$ns")"
+		return 0
+	done
+	return 1
+}
+
+# sha256 of the first $2 MiB of $1, read with O_DIRECT.
+_sha256_direct() {
+	dd if="$1" iflag=direct bs=1M count="$2" 2>/dev/null | sha256sum | cut -d' ' -f1
+}
+
+# The whole NVMe-oF loop as an operator runs it, over transport $1 (rdma or
+# tcp), with KTAP results: target up, discover, connect, list, an O_DIRECT read
+# compared byte for byte with the backing drive and the host's checksum, then
+# teardown in reverse with each step verified. Plan: 9 results.
+_nvmeof_loop_test() {
+	trtype=$1
+	nqn=nqn.2026-11.io.gdirect:loop-$trtype
+	local_ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no namespace for $GDIRECT_NVME0_SERIAL"
+
+	target_up() {
+		_veth_up || return 1
+		if [ "$trtype" = rdma ]; then _rxe_up || return 1; fi
+		_nvmet_export "$nqn" "$local_ns" 1 "$trtype"
+	}
+	_test "$trtype target up: veth$([ "$trtype" = rdma ] && echo ', soft-RoCE'), nvmet subsystem and port" target_up
+
+	discover() {
+		out=$(nvme discover -t "$trtype" -a "$GDIRECT_NVMEOF_ADDR" -s "$GDIRECT_NVMEOF_PORT" 2>&1)
+		echo "$out" | grep -q "subnqn: *$nqn" && echo "$out" | grep -q "trtype: *$trtype"
+	}
+	_test "nvme discover -t $trtype lists the subsystem" discover
+
+	_test "nvme connect -t $trtype" \
+		nvme connect -t "$trtype" -n "$nqn" -a "$GDIRECT_NVMEOF_ADDR" -s "$GDIRECT_NVMEOF_PORT"
+
+	live() {
+		i=0
+		while [ $i -lt 50 ]; do
+			ctrl=$(_nvmeof_ctrl_by_nqn "$nqn") && ns=$(_nvmeof_ns_by_nqn "$nqn") &&
+				[ "$(cat /sys/class/nvme/$ctrl/state)" = live ] && [ -b "$ns" ] && break
+			sleep 0.1
+			i=$((i + 1))
+		done
+		ktap_print_msg "controller $ctrl ($(cat /sys/class/nvme/$ctrl/transport 2>/dev/null)), namespace $ns"
+		_expect_eq transport "$trtype" "$(cat /sys/class/nvme/$ctrl/transport 2>/dev/null)" &&
+			_expect_eq state live "$(cat /sys/class/nvme/$ctrl/state 2>/dev/null)" &&
+			[ -b "$ns" ]
+	}
+	_test "the controller is live over $trtype" live
+	_test "nvme list shows the remote namespace" sh -c "nvme list 2>/dev/null | grep -q '^$ns '"
+
+	_test "16 MiB read over $trtype with O_DIRECT match the host's checksum" \
+		_expect_eq sha256 "$GDIRECT_NVME0_SHA256_16M" "$(_sha256_direct "$ns" 16)"
+	same_bytes() {
+		dd if="$ns" iflag=direct bs=1M count=16 of=/tmp/remote.bin 2>/dev/null &&
+			dd if="$local_ns" iflag=direct bs=1M count=16 of=/tmp/local.bin 2>/dev/null &&
+			cmp /tmp/remote.bin /tmp/local.bin
+		rc=$?
+		rm -f /tmp/remote.bin /tmp/local.bin
+		return $rc
+	}
+	_test "the remote bytes equal the backing drive's, byte for byte" same_bytes
+
+	disconnected() {
+		_nvmeof_ctrl_by_nqn "$nqn" >/dev/null || { ktap_print_msg "no controller to disconnect"; return 1; }
+		nvme disconnect -n "$nqn" >/dev/null || return 1
+		i=0
+		while _nvmeof_ctrl_by_nqn "$nqn" >/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+		! _nvmeof_ctrl_by_nqn "$nqn" >/dev/null
+	}
+	_test "nvme disconnect removes the controller" disconnected
+
+	target_down() {
+		_nvmet_unexport "$nqn" 1
+		[ "$trtype" = rdma ] && _rxe_down
+		_veth_down
+		[ ! -e "$GDIRECT_NVMET/subsystems/$nqn" ] && [ ! -e "$GDIRECT_NVMET/ports/1" ] &&
+			[ -z "$(rdma link show 2>/dev/null)" ] && ! ip link show gdv0 >/dev/null 2>&1
+	}
+	_test "teardown leaves no subsystem, port, rxe link or veth" target_down
+}
+
+# Best-effort cleanup for a test interrupted halfway through _nvmeof_loop_test.
+_nvmeof_cleanup() {
+	nvme disconnect -n "nqn.2026-11.io.gdirect:loop-$1" >/dev/null 2>&1
+	_nvmet_unexport "nqn.2026-11.io.gdirect:loop-$1" 1
+	_rxe_down
+	_veth_down
+}

@@ -1,0 +1,20 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# NVMe over Fabrics over RDMA inside the guest: an nvmet target exporting the rig's
+# NVMe drive on an in-guest veth with soft-RoCE (rxe), discovered, connected and
+# listed with nvme-cli as an operator would, an O_DIRECT read compared byte for
+# byte with the drive and with the host's checksum, and a clean teardown.
+
+. "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+
+trap '_nvmeof_cleanup rdma' EXIT
+
+_require_root
+_require_cmd nvme ip rdma
+[ -d "$GDIRECT_NVMET" ] || { ktap_skip_all "no nvmet in configfs"; exit "$KSFT_SKIP"; }
+
+ktap_print_header
+ktap_set_plan 9
+_nvmeof_loop_test rdma
+ktap_finished

@@ -1,0 +1,230 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+//! `gdirect-ioctl`: sends one well-formed or deliberately malformed ioctl to the gdirect device
+//! and prints the outcome as one word — `OK` or the errno name (`EINVAL`) — so that selftests
+//! can assert the module's answer to each kind of bad input.
+//!
+//! Usage: gdirect-ioctl [--device PATH | --fd N] CASE
+//! (`--fd N` uses an already open file descriptor of the device, inherited from the shell.)
+//! Exit status: 0 when the call was made (whatever its result), 2 on a usage or setup error.
+
+use std::{
+    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+    process::ExitCode,
+    ptr::NonNull,
+};
+
+use gdirect::raw::{gdirect_info_args, GDIRECT_IOC_GET_INFO, GDIRECT_IOC_MAGIC};
+use nix::{
+    errno::Errno,
+    fcntl::{open, OFlag},
+    sys::{
+        mman::{mmap_anonymous, mprotect, munmap, MapFlags, ProtFlags},
+        stat::Mode,
+    },
+};
+
+const CASES: &str = "\
+  get-info        a valid GET_INFO; prints the fields, then OK
+  bad-type        a command with another ioctl type byte            (expect ENOTTY)
+  bad-nr          the gdirect type with an undefined number         (expect ENOTTY)
+  bad-size        GET_INFO's number with a smaller struct size      (expect EINVAL)
+  big-size        GET_INFO's number with a larger struct size       (expect EINVAL)
+  bad-dir         GET_INFO's number and size, read-only direction   (expect EINVAL)
+  null-ptr        GET_INFO with a NULL argument                     (expect EFAULT)
+  unmapped-ptr    GET_INFO with a pointer to an unmapped page       (expect EFAULT)
+  straddle-ptr    GET_INFO whose struct runs into an unmapped page  (expect EFAULT)
+  readonly-ptr    GET_INFO with a pointer to a read-only page       (expect EFAULT)
+  kernel-ptr      GET_INFO with a kernel address                    (expect EFAULT)
+  flags           GET_INFO with flags = 1                           (expect EINVAL)
+  flags-high      GET_INFO with flags = 1 << 31                     (expect EINVAL)
+  pad             GET_INFO with pad = 1                             (expect EINVAL)
+  reserved-N      GET_INFO with reserved[N] = 1, N in 0..4          (expect EINVAL)";
+
+fn usage() -> ExitCode {
+    eprintln!("usage: gdirect-ioctl [--device PATH | --fd N] CASE\ncases:\n{CASES}");
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut device = std::env::var("GDIRECT_DEVICE")
+        .unwrap_or_else(|_| gdirect::DEFAULT_DEVICE_PATH.to_string());
+    let mut inherited: Option<RawFd> = None;
+    match args.first().map(String::as_str) {
+        Some("--device") if args.len() >= 2 => {
+            device = args.remove(1);
+            args.remove(0);
+        }
+        Some("--fd") if args.len() >= 2 => {
+            let Ok(n) = args[1].parse() else {
+                return usage();
+            };
+            inherited = Some(n);
+            args.drain(..2);
+        }
+        Some("--device" | "--fd") => return usage(),
+        _ => {}
+    }
+    let [case] = args.as_slice() else {
+        return usage();
+    };
+    let fd = match inherited {
+        // SAFETY: the caller hands this descriptor to the program; nothing else in it owns it.
+        Some(n) => unsafe { OwnedFd::from_raw_fd(n) },
+        None => match open(
+            device.as_str(),
+            OFlag::O_RDWR | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(e) => {
+                eprintln!("gdirect-ioctl: cannot open {device}: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    match run(&fd, case) {
+        Some(Ok(())) => println!("OK"),
+        Some(Err(errno)) => println!("{errno:?}"),
+        None => return usage(),
+    }
+    ExitCode::SUCCESS
+}
+
+/// An ioctl command code, as `_IOC(dir, type, nr, size)` builds it.
+fn ioc(dir: u32, ty: u32, nr: u32, size: usize) -> u64 {
+    ((dir as u64) << 30) | ((size as u64) << 16) | ((ty as u64) << 8) | nr as u64
+}
+const IOC_READ: u32 = 2;
+const IOC_RW: u32 = 3;
+const INFO_SIZE: usize = std::mem::size_of::<gdirect_info_args>();
+
+fn raw_ioctl(fd: &OwnedFd, cmd: u64, arg: *mut CVoid) -> Result<(), Errno> {
+    // SAFETY: ioctl(2) with an arbitrary pointer: the kernel validates it, and the only memory it
+    // may write is the argument struct this program owns (or nothing, for bad pointers).
+    let ret = unsafe { nix::libc::ioctl(fd.as_raw_fd(), cmd as _, arg) };
+    Errno::result(ret).map(drop)
+}
+type CVoid = std::ffi::c_void;
+
+/// Two anonymous pages; the second is unmapped or protected as the case needs.
+struct Pages {
+    base: NonNull<CVoid>,
+    page: usize,
+}
+
+impl Pages {
+    fn new() -> Result<Self, Errno> {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let page = usize::try_from(unsafe { nix::libc::sysconf(nix::libc::_SC_PAGESIZE) })
+            .map_err(|_| Errno::EINVAL)?;
+        let len = std::num::NonZeroUsize::new(2 * page).ok_or(Errno::EINVAL)?;
+        // SAFETY: a fresh private anonymous mapping aliases nothing.
+        let base = unsafe {
+            mmap_anonymous(
+                None,
+                len,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_PRIVATE,
+            )
+        }?;
+        Ok(Self { base, page })
+    }
+    fn second(&self) -> NonNull<CVoid> {
+        // SAFETY: the mapping is two pages long.
+        unsafe { self.base.byte_add(self.page) }
+    }
+}
+
+fn run(fd: &OwnedFd, case: &str) -> Option<Result<(), Errno>> {
+    let get_info = GDIRECT_IOC_GET_INFO as u64;
+    let mut args = gdirect_info_args::default();
+    let ptr = |a: &mut gdirect_info_args| (a as *mut gdirect_info_args).cast::<CVoid>();
+    let result = match case {
+        "get-info" => {
+            let r = raw_ioctl(fd, get_info, ptr(&mut args));
+            if r.is_ok() {
+                println!(
+                    "abi_version={} providers={:#x} version={}.{}.{} open_files={}",
+                    args.abi_version,
+                    args.providers,
+                    args.version_major,
+                    args.version_minor,
+                    args.version_patch,
+                    args.open_files
+                );
+            }
+            r
+        }
+        "bad-type" => raw_ioctl(
+            fd,
+            ioc(IOC_RW, GDIRECT_IOC_MAGIC + 1, 0, INFO_SIZE),
+            ptr(&mut args),
+        ),
+        "bad-nr" => raw_ioctl(
+            fd,
+            ioc(IOC_RW, GDIRECT_IOC_MAGIC, 0xEE, INFO_SIZE),
+            ptr(&mut args),
+        ),
+        "bad-size" => raw_ioctl(
+            fd,
+            ioc(IOC_RW, GDIRECT_IOC_MAGIC, 0, INFO_SIZE - 8),
+            ptr(&mut args),
+        ),
+        "big-size" => {
+            let mut big = [0u8; INFO_SIZE + 8];
+            raw_ioctl(
+                fd,
+                ioc(IOC_RW, GDIRECT_IOC_MAGIC, 0, INFO_SIZE + 8),
+                big.as_mut_ptr().cast(),
+            )
+        }
+        "bad-dir" => raw_ioctl(
+            fd,
+            ioc(IOC_READ, GDIRECT_IOC_MAGIC, 0, INFO_SIZE),
+            ptr(&mut args),
+        ),
+        "null-ptr" => raw_ioctl(fd, get_info, std::ptr::null_mut()),
+        "unmapped-ptr" | "straddle-ptr" | "readonly-ptr" => {
+            let pages = match Pages::new() {
+                Ok(p) => p,
+                Err(e) => return Some(Err(e)),
+            };
+            let setup = match case {
+                // SAFETY: the second page belongs to this mapping and nothing references it.
+                "readonly-ptr" => unsafe {
+                    mprotect(pages.base, 2 * pages.page, ProtFlags::PROT_READ)
+                },
+                // SAFETY: as above.
+                _ => unsafe { munmap(pages.second(), pages.page) },
+            };
+            if let Err(e) = setup {
+                eprintln!("gdirect-ioctl: cannot prepare the pages: {e}");
+                return Some(Err(e));
+            }
+            let ptr = match case {
+                "unmapped-ptr" => pages.second(),
+                // The struct's first half is mapped, its second half is not.
+                // SAFETY: the offset stays inside the (original) two-page mapping.
+                "straddle-ptr" => unsafe { pages.second().byte_sub(INFO_SIZE / 2) },
+                _ => pages.base,
+            };
+            raw_ioctl(fd, get_info, ptr.as_ptr())
+        }
+        "kernel-ptr" => raw_ioctl(fd, get_info, 0xffff_8880_0000_0000_u64 as *mut CVoid),
+        "flags" | "flags-high" | "pad" => {
+            match case {
+                "flags" => args.flags = 1,
+                "flags-high" => args.flags = 1 << 31,
+                _ => args.pad = 1,
+            }
+            raw_ioctl(fd, get_info, ptr(&mut args))
+        }
+        _ => {
+            let n: usize = case.strip_prefix("reserved-")?.parse().ok()?;
+            *args.reserved.get_mut(n)? = 1;
+            raw_ioctl(fd, get_info, ptr(&mut args))
+        }
+    };
+    Some(result)
+}
