@@ -27,7 +27,10 @@
  *  EINVAL   known command with a wrong size or direction, unknown flag bits,
  *           or a nonzero reserved/pad field.
  *  EFAULT   the argument pointer is not readable/writable user memory.
- *  ENODEV   the module is being unloaded.
+ *
+ * open(2) of the device fails with ENODEV while the module is being unloaded.
+ * Every open file holds a reference on the module: rmmod fails with EBUSY
+ * (EAGAIN from delete_module(2)) until the last one is closed.
  */
 #ifndef _UAPI_LINUX_GDIRECT_H
 #define _UAPI_LINUX_GDIRECT_H

@@ -149,11 +149,15 @@ impl Driver {
         )?;
         let driver = Self { fd, path };
         let info = driver.info().map_err(|e| match e {
-            Error::Ioctl { errno, path, .. }
-                if errno == Errno::ENOTTY || errno == Errno::EINVAL =>
-            {
-                Error::NotGdirect { path, errno }
-            }
+            // Any other driver answers an unknown ioctl with ENOTTY.
+            Error::Ioctl {
+                errno: Errno::ENOTTY,
+                path,
+                ..
+            } => Error::NotGdirect {
+                path,
+                errno: Errno::ENOTTY,
+            },
             e => e,
         })?;
         if info.abi_version != ABI_VERSION {
