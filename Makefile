@@ -33,5 +33,7 @@ modules: $(if $(TEST_KERNEL),kernel)
 kernel:
 	$(CURDIR)/scripts/kernel
 
+# Kbuild's clean deletes every object file below M, cargo's target/ included: confine it.
 clean:
-	$(KMAKE) clean
+	$(MAKE) -C $(KDIR) M=$(CURDIR)/kernel clean
+	rm -f Module.symvers modules.order .Module.symvers.cmd .modules.order.cmd
