@@ -5,14 +5,19 @@
 //! Per-open-file state of `/dev/gdirect` and the ioctl dispatcher.
 //!
 //! There is one [`GdirectFile`] for each open file of the device; it is created by `open()` and
-//! dropped by the last `close()`. Everything a file registers belongs to it and is released with
-//! it.
+//! dropped by the last `close()` (or the death of the process). Its registrations live in an
+//! xarray indexed by handle number and are released with it.
+//!
+//! Handles: `cookie << 32 | index`. The cookie is random per file, so a handle of another file
+//! is recognised (`EPERM`); indexes are never reused within a file, so a handle that was
+//! unregistered (`ESTALE`) is told from one that never existed (`ENOENT`).
 //!
 //! The dispatcher checks the ioctl type, then the command number, then that the size and
 //! direction encoded in the command are exactly the ones of `include/uapi/linux/gdirect.h`, and
 //! only then touches user memory.
 
 use kernel::{
+    bindings,
     fs::File,
     ioctl::{
         _IOC_NR,
@@ -23,34 +28,69 @@ use kernel::{
         MiscDevice,
         MiscDeviceRegistration, //
     },
+    new_mutex, pci,
     prelude::*,
-    sync::atomic::{
-        Atomic,
-        Relaxed, //
+    seq_file::SeqFile,
+    seq_print,
+    sync::{
+        aref::ARef,
+        atomic::{
+            Atomic,
+            Relaxed, //
+        },
+        Arc,
+        Mutex, //
     },
     uaccess::{
         UserPtr,
         UserSlice, //
     },
+    xarray::{
+        AllocKind,
+        XArray, //
+    },
 };
 
-use crate::uapi::{
-    self,
-    InfoArgs, //
+use crate::{
+    error, provider,
+    region::{
+        FileCounters,
+        RegShared,
+        Registration, //
+    },
+    stats,
+    uapi::{
+        self,
+        InfoArgs,
+        QueryArgs,
+        RegisterArgs,
+        UnregisterArgs, //
+    },
 };
 
 /// Number of open files of the device, for `GET_INFO`.
 static OPEN_FILES: Atomic<u32> = Atomic::new(0);
 
 /// The state of one open file of `/dev/gdirect`.
+#[pin_data(PinnedDrop)]
 pub(crate) struct GdirectFile {
-    _private: (),
+    /// Registrations by handle index.
+    #[pin]
+    regs: XArray<Arc<Registration>>,
+    /// The next handle index; indexes are never reused.
+    #[pin]
+    next_index: Mutex<u32>,
+    cookie: u32,
+    counters: Arc<FileCounters>,
 }
 
 /// The commands of the ABI, by `_IOC_NR`.
 #[derive(Clone, Copy)]
 enum Command {
     GetInfo,
+    Register,
+    Unregister,
+    Query,
 }
 
 impl Command {
@@ -58,6 +98,9 @@ impl Command {
     fn from_nr(nr: u32) -> Result<Self> {
         match nr {
             0x00 => Ok(Self::GetInfo),
+            0x01 => Ok(Self::Register),
+            0x02 => Ok(Self::Unregister),
+            0x03 => Ok(Self::Query),
             _ => Err(ENOTTY),
         }
     }
@@ -66,21 +109,34 @@ impl Command {
     fn code(self) -> u32 {
         match self {
             Self::GetInfo => uapi::IOC_GET_INFO,
+            Self::Register => uapi::IOC_REGISTER,
+            Self::Unregister => uapi::IOC_UNREGISTER,
+            Self::Query => uapi::IOC_QUERY,
         }
     }
 }
 
 #[vtable]
 impl MiscDevice for GdirectFile {
-    type Ptr = KBox<Self>;
+    type Ptr = Pin<KBox<Self>>;
 
-    fn open(_file: &File, _misc: &MiscDeviceRegistration<Self>) -> Result<KBox<Self>> {
-        let file = KBox::new(Self { _private: () }, GFP_KERNEL)?;
-        OPEN_FILES.add(1, Relaxed);
+    fn open(_file: &File, _misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
+        // SAFETY: no preconditions.
+        let cookie = unsafe { bindings::get_random_u32() }.max(1);
+        let file = KBox::pin_init(
+            try_pin_init!(Self {
+                regs <- XArray::new(AllocKind::Alloc1),
+                next_index <- new_mutex!(1, "GdirectFile::next_index"),
+                cookie,
+                counters: FileCounters::new()?,
+            }),
+            GFP_KERNEL,
+        )?;
+        OPEN_FILES.fetch_add(1, Relaxed);
         Ok(file)
     }
 
-    fn ioctl(me: &GdirectFile, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
+    fn ioctl(me: Pin<&GdirectFile>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
         if _IOC_TYPE(cmd) != uapi::IOC_MAGIC {
             return Err(ENOTTY);
         }
@@ -92,13 +148,73 @@ impl MiscDevice for GdirectFile {
         let user = UserSlice::new(UserPtr::from_addr(arg), _IOC_SIZE(cmd));
         match command {
             Command::GetInfo => me.get_info(user),
+            Command::Register => me.register(user),
+            Command::Unregister => me.unregister(user),
+            Command::Query => me.query(user),
         }
+    }
+
+    fn show_fdinfo(me: Pin<&GdirectFile>, m: &SeqFile, _file: &File) {
+        seq_print!(
+            m,
+            "gdirect-registrations:\t{}\n",
+            me.counters.registrations.load(Relaxed)
+        );
+        seq_print!(
+            m,
+            "gdirect-pinned-bytes:\t{}\n",
+            me.counters.pinned_bytes.load(Relaxed)
+        );
     }
 }
 
-impl Drop for GdirectFile {
-    fn drop(&mut self) {
+#[pinned_drop]
+impl PinnedDrop for GdirectFile {
+    fn drop(self: Pin<&mut Self>) {
+        // The xarray drops the registrations (unpinning their memory) when it is dropped.
         OPEN_FILES.fetch_sub(1, Relaxed);
+    }
+}
+
+/// A reservation of the module's and the file's limits, undone unless committed.
+struct Reservation<'a> {
+    counters: &'a FileCounters,
+    len: u64,
+}
+
+impl<'a> Reservation<'a> {
+    /// Reserves `len` pinned bytes (`EDQUOT`) and one registration of this file (`EMFILE`).
+    fn new(counters: &'a FileCounters, len: u64) -> Result<Self> {
+        let (max_pinned, max_regs) = crate::limits();
+        let before = stats::PINNED_BYTES.fetch_add(len, Relaxed);
+        if before
+            .checked_add(len)
+            .is_none_or(|total| total > max_pinned)
+        {
+            stats::PINNED_BYTES.fetch_sub(len, Relaxed);
+            return Err(error::over_pin_limit());
+        }
+        if counters.registrations.fetch_add(1, Relaxed) >= max_regs {
+            counters.registrations.fetch_sub(1, Relaxed);
+            stats::PINNED_BYTES.fetch_sub(len, Relaxed);
+            return Err(EMFILE);
+        }
+        Ok(Self { counters, len })
+    }
+
+    /// The registration exists: its `Drop` gives the reservation back.
+    fn commit(self, provider: u32) {
+        stats::REGISTRATIONS.fetch_add(1, Relaxed);
+        stats::BY_PROVIDER[provider as usize].fetch_add(1, Relaxed);
+        self.counters.pinned_bytes.fetch_add(self.len, Relaxed);
+        core::mem::forget(self);
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        stats::PINNED_BYTES.fetch_sub(self.len, Relaxed);
+        self.counters.registrations.fetch_sub(1, Relaxed);
     }
 }
 
@@ -107,21 +223,179 @@ impl GdirectFile {
     fn get_info(&self, user: UserSlice) -> Result<isize> {
         let (mut reader, mut writer) = user.reader_writer();
         let args: InfoArgs = reader.read()?;
-        if args.flags != 0 || args.pad != 0 || args.reserved.iter().any(|&r| r != 0) {
+        if args.flags != 0
+            || args.pad != 0
+            || args.pad2 != 0
+            || args.pad3 != 0
+            || args.reserved.iter().any(|&r| r != 0)
+        {
             return Err(EINVAL);
         }
         let (major, minor, patch) = crate::VERSION;
+        let (max_pinned_bytes, max_registrations) = crate::limits();
+        let providers = (0..uapi::PROVIDER_COUNT)
+            .filter(|p| provider::available(*p))
+            .fold(0, |mask, p| mask | (1 << p));
         let out = InfoArgs {
             abi_version: uapi::ABI_VERSION,
-            // No provider is implemented yet: report none rather than claim one.
-            providers: 0,
+            providers,
             version_major: major,
             version_minor: minor,
             version_patch: patch,
             open_files: OPEN_FILES.load(Relaxed),
+            file_registrations: self.counters.registrations.load(Relaxed),
+            file_pinned_bytes: self.counters.pinned_bytes.load(Relaxed),
+            registrations: stats::REGISTRATIONS.load(Relaxed),
+            pinned_bytes: stats::PINNED_BYTES.load(Relaxed),
+            revocations: stats::REVOCATIONS.load(Relaxed),
+            max_pinned_bytes,
+            max_registrations,
             ..InfoArgs::default()
         };
         writer.write(&out)?;
         Ok(0)
     }
+
+    /// `GDIRECT_IOC_REGISTER`.
+    fn register(&self, user: UserSlice) -> Result<isize> {
+        let (mut reader, mut writer) = user.reader_writer();
+        let mut args: RegisterArgs = reader.read()?;
+        if args.flags & !uapi::REGISTER_FLAGS != 0
+            || args.reserved.iter().any(|&r| r != 0)
+            || args.len == 0
+        {
+            return Err(EINVAL);
+        }
+        let align = provider::alignment(args.provider)?;
+        if args.addr.checked_add(args.len).is_none() {
+            return Err(EOVERFLOW);
+        }
+        if args.addr % align != 0 || args.len % align != 0 {
+            return Err(ERANGE);
+        }
+        let reservation = Reservation::new(&self.counters, args.len)?;
+        let shared = RegShared::new()?;
+        let pinned = provider::pin(args.provider, args.addr, args.len, args.flags, &shared)?;
+        let page_size = pinned.page_size;
+        let page_count = args.len / page_size;
+        let reg = Registration {
+            provider: args.provider,
+            len: args.len,
+            page_size,
+            page_count,
+            owner: pinned.owner,
+            shared,
+            pinned: pinned.pinned,
+            counters: self.counters.clone(),
+        };
+        // From here the registration's `Drop` gives the reservation back.
+        reservation.commit(args.provider);
+        let reg = Arc::new(reg, GFP_KERNEL)?;
+
+        let mut next = self.next_index.lock();
+        let index = *next;
+        *next = next.checked_add(1).ok_or(EMFILE)?;
+        let stored = self.regs.lock().store(index as usize, reg, GFP_KERNEL);
+        drop(next);
+        // On failure the registration comes back in the error: drop it (it may sleep) only now,
+        // with no lock held.
+        if let Err(e) = stored {
+            return Err(e.into());
+        }
+
+        args.handle = (u64::from(self.cookie) << 32) | u64::from(index);
+        args.page_size = page_size;
+        args.page_count = page_count;
+        if let Err(e) = writer.write(&args) {
+            // The caller cannot learn the handle: do not leave the memory pinned.
+            let reg = self.regs.lock().remove(index as usize);
+            drop(reg);
+            return Err(e);
+        }
+        Ok(0)
+    }
+
+    /// The index of `handle` on this file: `EPERM` for another file's, `ENOENT` for one never
+    /// made here.
+    fn index_of(&self, handle: u64) -> Result<usize> {
+        if (handle >> 32) as u32 != self.cookie {
+            return Err(EPERM);
+        }
+        let index = handle as u32;
+        if index == 0 || index >= *self.next_index.lock() {
+            return Err(ENOENT);
+        }
+        Ok(index as usize)
+    }
+
+    /// The registration of `handle` (see [`Self::index_of`]; `ESTALE` once unregistered).
+    fn lookup(&self, handle: u64) -> Result<Arc<Registration>> {
+        let index = self.index_of(handle)?;
+        let regs = self.regs.lock();
+        let reg = regs.get(index).ok_or_else(error::stale_handle)?;
+        Ok(reg.into())
+    }
+
+    /// `GDIRECT_IOC_UNREGISTER`.
+    fn unregister(&self, user: UserSlice) -> Result<isize> {
+        let args: UnregisterArgs = user.reader().read()?;
+        if args.flags != 0 || args.pad != 0 {
+            return Err(EINVAL);
+        }
+        let index = self.index_of(args.handle)?;
+        let reg = self
+            .regs
+            .lock()
+            .remove(index)
+            .ok_or_else(error::stale_handle)?;
+        // Unpinned here, or when the last operation using it ends.
+        drop(reg);
+        Ok(0)
+    }
+
+    /// `GDIRECT_IOC_QUERY`.
+    fn query(&self, user: UserSlice) -> Result<isize> {
+        let (mut reader, mut writer) = user.reader_writer();
+        let mut args: QueryArgs = reader.read()?;
+        if args.flags != 0 || args.reserved.iter().any(|&r| r != 0) {
+            return Err(EINVAL);
+        }
+        let reg = self.lookup(args.handle)?;
+        let peer = peer_device(args.peer_domain, args.peer_bdf)?;
+        let first = args.first_page;
+        let (map_type, entries) = reg.with_peer_addrs(&peer, |map_type, addrs| {
+            let start = usize::try_from(first)
+                .unwrap_or(usize::MAX)
+                .min(addrs.len());
+            let n = (addrs.len() - start).min(args.max_entries as usize);
+            let out = UserSlice::new(
+                UserPtr::from_addr(args.addrs as usize),
+                n * core::mem::size_of::<u64>(),
+            );
+            let mut out = out.writer();
+            for a in &addrs[start..start + n] {
+                out.write(a)?;
+            }
+            Ok((map_type, n as u32))
+        })?;
+        args.map_type = map_type;
+        args.entries = entries;
+        args.page_size = reg.page_size;
+        args.page_count = reg.page_count;
+        args.owner = reg.owner.as_ref().map_or(u64::MAX, |o| o.id());
+        writer.write(&args)?;
+        Ok(0)
+    }
+}
+
+/// The PCI device `domain:bus:devfn`, with a reference; `ENODEV` if there is none.
+fn peer_device(domain: u32, bdf: u32) -> Result<ARef<pci::Device>> {
+    if bdf > 0xffff {
+        return Err(ENODEV);
+    }
+    // SAFETY: a lookup; a non-NULL result carries a reference that the `ARef` takes over.
+    let dev = unsafe { bindings::pci_get_domain_bus_and_slot(domain as i32, bdf >> 8, bdf & 0xff) };
+    let dev = core::ptr::NonNull::new(dev).ok_or(ENODEV)?;
+    // SAFETY: `pci::Device` is a transparent wrapper of `pci_dev`; we own the reference.
+    Ok(unsafe { ARef::from_raw(dev.cast()) })
 }

@@ -13,8 +13,18 @@
 
 use kernel::prelude::*;
 
+mod error;
 mod file;
 mod misc;
+#[allow(
+    dead_code,
+    reason = "the nv-p2p definitions are shared with the rig's emulated GPU"
+)]
+mod nv_p2p;
+mod provider;
+mod region;
+mod stats;
+mod topology;
 mod uapi;
 
 use file::GdirectFile;
@@ -26,6 +36,24 @@ module! {
     authors: ["The gdirect authors"],
     description: "GPU-direct storage: peer-memory client for NVMe and NVMe over Fabrics",
     license: "GPL",
+    params: {
+        max_pinned_bytes: u64 {
+            default: 64 << 30,
+            description: "Most bytes all registrations together may pin (default 64 GiB)",
+        },
+        max_registrations: u32 {
+            default: 65536,
+            description: "Most registrations one open file may hold (default 65536)",
+        },
+    },
+}
+
+/// The limits set at load: `(max_pinned_bytes, max_registrations)`.
+pub(crate) fn limits() -> (u64, u32) {
+    (
+        *module_parameters::max_pinned_bytes.value(),
+        *module_parameters::max_registrations.value(),
+    )
 }
 
 /// The module version, `major.minor.patch`, reported by `GET_INFO`.
@@ -37,12 +65,15 @@ const DEVICE_MODE: u16 = 0o660;
 #[pin_data]
 struct GdirectModule {
     #[pin]
+    _debugfs: stats::Debugfs,
+    #[pin]
     _device: OwnedMiscDevice<GdirectFile>,
 }
 
 impl kernel::InPlaceModule for GdirectModule {
     fn init(module: &'static ThisModule) -> impl PinInit<Self, Error> {
         try_pin_init!(Self {
+            _debugfs <- stats::Debugfs::new(),
             _device <- OwnedMiscDevice::register(c"gdirect", DEVICE_MODE, module),
         })
         .pin_chain(|_| {

@@ -13,7 +13,10 @@
 //! Keep the declarations in the macro's exact shape: one field a line, `name @ offset: type,`.
 
 use kernel::{
-    ioctl::_IOWR,
+    ioctl::{
+        _IOW,
+        _IOWR, //
+    },
     transmute::{
         AsBytes,
         FromBytes, //
@@ -24,6 +27,29 @@ use kernel::{
 pub(crate) const ABI_VERSION: u32 = 1;
 /// `GDIRECT_IOC_MAGIC`.
 pub(crate) const IOC_MAGIC: u32 = 0xD6;
+
+/// `GDIRECT_PROVIDER_HOST`.
+pub(crate) const PROVIDER_HOST: u32 = 0;
+/// `GDIRECT_PROVIDER_NVIDIA`.
+pub(crate) const PROVIDER_NVIDIA: u32 = 1;
+/// `GDIRECT_PROVIDER_P2PDMA`.
+pub(crate) const PROVIDER_P2PDMA: u32 = 2;
+/// `GDIRECT_PROVIDER_COUNT`.
+pub(crate) const PROVIDER_COUNT: u32 = 3;
+
+/// `GDIRECT_REGISTER_PERSISTENT`.
+pub(crate) const REGISTER_PERSISTENT: u32 = 1;
+/// `GDIRECT_REGISTER_FLAGS`: every `REGISTER` flag.
+pub(crate) const REGISTER_FLAGS: u32 = 1;
+
+/// `GDIRECT_MAP_NOT_SUPPORTED`.
+pub(crate) const MAP_NOT_SUPPORTED: u32 = 0;
+/// `GDIRECT_MAP_BUS_ADDR`.
+pub(crate) const MAP_BUS_ADDR: u32 = 1;
+/// `GDIRECT_MAP_THRU_HOST_BRIDGE`.
+pub(crate) const MAP_THRU_HOST_BRIDGE: u32 = 2;
+/// `GDIRECT_MAP_HOST_MEMORY`.
+pub(crate) const MAP_HOST_MEMORY: u32 = 3;
 
 /// Declares a `#[repr(C)]` mirror of a uapi struct with compile-time layout checks.
 macro_rules! uapi_struct {
@@ -57,7 +83,7 @@ macro_rules! uapi_struct {
 
 uapi_struct! {
     /// Arguments of `GDIRECT_IOC_GET_INFO`.
-    pub(crate) struct InfoArgs: gdirect_info_args, size 64 {
+    pub(crate) struct InfoArgs: gdirect_info_args, size 120 {
         flags @ 0: u32,
         pad @ 4: u32,
         abi_version @ 8: u32,
@@ -66,9 +92,66 @@ uapi_struct! {
         version_minor @ 20: u32,
         version_patch @ 24: u32,
         open_files @ 28: u32,
-        reserved @ 32: [u64; 4],
+        file_registrations @ 32: u32,
+        pad2 @ 36: u32,
+        file_pinned_bytes @ 40: u64,
+        registrations @ 48: u64,
+        pinned_bytes @ 56: u64,
+        revocations @ 64: u64,
+        max_pinned_bytes @ 72: u64,
+        max_registrations @ 80: u32,
+        pad3 @ 84: u32,
+        reserved @ 88: [u64; 4],
+    }
+}
+
+uapi_struct! {
+    /// Arguments of `GDIRECT_IOC_REGISTER`.
+    pub(crate) struct RegisterArgs: gdirect_register_args, size 64 {
+        provider @ 0: u32,
+        flags @ 4: u32,
+        addr @ 8: u64,
+        len @ 16: u64,
+        handle @ 24: u64,
+        page_size @ 32: u64,
+        page_count @ 40: u64,
+        reserved @ 48: [u64; 2],
+    }
+}
+
+uapi_struct! {
+    /// Arguments of `GDIRECT_IOC_UNREGISTER`.
+    pub(crate) struct UnregisterArgs: gdirect_unregister_args, size 16 {
+        handle @ 0: u64,
+        flags @ 8: u32,
+        pad @ 12: u32,
+    }
+}
+
+uapi_struct! {
+    /// Arguments of `GDIRECT_IOC_QUERY`.
+    pub(crate) struct QueryArgs: gdirect_query_args, size 80 {
+        handle @ 0: u64,
+        peer_domain @ 8: u32,
+        peer_bdf @ 12: u32,
+        first_page @ 16: u64,
+        addrs @ 24: u64,
+        max_entries @ 32: u32,
+        flags @ 36: u32,
+        map_type @ 40: u32,
+        entries @ 44: u32,
+        page_size @ 48: u64,
+        page_count @ 56: u64,
+        owner @ 64: u64,
+        reserved @ 72: [u64; 1],
     }
 }
 
 /// `GDIRECT_IOC_GET_INFO`.
 pub(crate) const IOC_GET_INFO: u32 = _IOWR::<InfoArgs>(IOC_MAGIC, 0x00);
+/// `GDIRECT_IOC_REGISTER`.
+pub(crate) const IOC_REGISTER: u32 = _IOWR::<RegisterArgs>(IOC_MAGIC, 0x01);
+/// `GDIRECT_IOC_UNREGISTER`.
+pub(crate) const IOC_UNREGISTER: u32 = _IOW::<UnregisterArgs>(IOC_MAGIC, 0x02);
+/// `GDIRECT_IOC_QUERY`.
+pub(crate) const IOC_QUERY: u32 = _IOWR::<QueryArgs>(IOC_MAGIC, 0x03);

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: GPL-2.0
+
+// Copyright (C) 2026 The gdirect authors.
+
+//! The errnos gdirect returns that `kernel::error::code` does not name, by their meaning in
+//! `include/uapi/linux/gdirect.h`.
+
+use kernel::{
+    bindings,
+    prelude::*, //
+};
+
+fn errno(code: u32) -> Error {
+    Error::from_errno(-(code as i32))
+}
+
+/// `ENOLINK`: the provider took the memory back; the registration is revoked.
+pub(crate) fn revoked() -> Error {
+    errno(bindings::ENOLINK)
+}
+
+/// `ESTALE`: the handle was unregistered already.
+pub(crate) fn stale_handle() -> Error {
+    errno(bindings::ESTALE)
+}
+
+/// `EDQUOT`: the registration would exceed `max_pinned_bytes`.
+pub(crate) fn over_pin_limit() -> Error {
+    errno(bindings::EDQUOT)
+}
+
+/// `EPROTONOSUPPORT`: not a `GDIRECT_PROVIDER_*` value.
+pub(crate) fn unknown_provider() -> Error {
+    errno(bindings::EPROTONOSUPPORT)
+}
+
+/// `EOPNOTSUPP`: the provider's driver is not on this system now.
+pub(crate) fn provider_unavailable() -> Error {
+    errno(bindings::EOPNOTSUPP)
+}

@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: GPL-2.0
+
+// Copyright (C) 2026 The gdirect authors.
+
+//! Providers: where registered memory comes from, and how it is pinned and translated.
+//!
+//! - `host`: ordinary user memory, pinned with `pin_user_pages_fast`.
+//! - `p2pdma`: a user mapping of PCI P2PDMA memory, pinned the same way with `FOLL_PCI_P2PDMA`.
+//! - `nvidia`: GPU memory through the nv-p2p interface of `nvidia.ko`, found at run time.
+//!
+//! [`pin`] turns a `REGISTER` request into [`Pinned`] memory; the registration owns it and drops
+//! it last.
+
+use kernel::{
+    bindings,
+    prelude::*,
+    sync::Arc, //
+};
+
+use crate::{
+    error,
+    region::{
+        Owner,
+        RegShared, //
+    },
+    uapi,
+};
+
+pub(crate) mod host;
+pub(crate) mod nvidia;
+pub(crate) mod p2pdma;
+
+unsafe extern "C" {
+    /// `page_to_phys()` (a macro in C; `shim.c`). `page` is a `struct page *`, as `void *`:
+    /// bindgen's `struct page` holds a zero-sized array the `improper_ctypes` lint rejects.
+    fn gdirect_page_to_phys(page: *mut core::ffi::c_void) -> u64;
+}
+
+/// The CPU page size, the unit of the host and p2pdma providers.
+pub(crate) const PAGE_SIZE: u64 = bindings::PAGE_SIZE as u64;
+
+/// A pinned user page.
+#[derive(Clone, Copy)]
+pub(crate) struct PagePtr(pub(crate) *mut bindings::page);
+// SAFETY: a pinned page may be referred to from any thread; the pin keeps it valid.
+unsafe impl Send for PagePtr {}
+// SAFETY: as above; only the page's address is shared.
+unsafe impl Sync for PagePtr {}
+
+/// User pages pinned with `pin_user_pages_fast`, unpinned on drop.
+pub(crate) struct UserPages {
+    pages: KVVec<PagePtr>,
+}
+
+/// Pages pinned per `pin_user_pages_fast` call; bounds the work done between checks.
+const PIN_BATCH: usize = 512;
+
+impl UserPages {
+    /// Pins the user pages of `[addr, addr + len)` of the calling process for writing. `ENXIO`
+    /// when part of the range is not mapped, or is P2PDMA memory without `p2pdma`.
+    ///
+    /// Host pages are pinned for the long term (`FOLL_LONGTERM` moves them out of movable zones
+    /// first). P2PDMA pages cannot be: GUP refuses `FOLL_LONGTERM` with `FOLL_PCI_P2PDMA` so that
+    /// the device memory stays hot-unpluggable; a registration of it holds ordinary pins, and the
+    /// device's removal waits for them.
+    pub(crate) fn pin(addr: u64, len: u64, p2pdma: bool) -> Result<Self> {
+        let n = usize::try_from(len / PAGE_SIZE).map_err(|_| ENXIO)?;
+        let flags = if p2pdma {
+            bindings::FOLL_WRITE | bindings::FOLL_PCI_P2PDMA
+        } else {
+            bindings::FOLL_WRITE | bindings::FOLL_LONGTERM
+        };
+        let mut pages = KVVec::with_capacity(n, GFP_KERNEL)?;
+        let mut me = Self {
+            pages: KVVec::new(),
+        };
+        let mut batch = [core::ptr::null_mut::<bindings::page>(); PIN_BATCH];
+        while pages.len() < n {
+            let want = (n - pages.len()).min(PIN_BATCH);
+            let start = addr + pages.len() as u64 * PAGE_SIZE;
+            // SAFETY: `batch` has room for `want` page pointers; the range is the caller's own
+            // user memory, checked by the GUP code itself.
+            let got = unsafe {
+                bindings::pin_user_pages_fast(start as _, want as i32, flags, batch.as_mut_ptr())
+            };
+            if got <= 0 {
+                me.pages = pages;
+                return Err(ENXIO);
+            }
+            for p in &batch[..got as usize] {
+                pages.push(PagePtr(*p), GFP_KERNEL)?;
+            }
+        }
+        me.pages = pages;
+        Ok(me)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.pages.len()
+    }
+
+    pub(crate) fn page(&self, i: usize) -> Option<*mut bindings::page> {
+        self.pages.get(i).map(|p| p.0)
+    }
+
+    pub(crate) fn phys(&self, i: usize) -> u64 {
+        // SAFETY: the page is pinned for the life of `self`.
+        self.pages
+            .get(i)
+            .map_or(0, |p| unsafe { gdirect_page_to_phys(p.0.cast()) })
+    }
+}
+
+impl Drop for UserPages {
+    fn drop(&mut self) {
+        if !self.pages.is_empty() {
+            // SAFETY: these pages were pinned by `pin_user_pages_fast` and are unpinned once.
+            unsafe {
+                bindings::unpin_user_pages(self.pages.as_mut_ptr().cast(), self.pages.len() as _)
+            };
+        }
+    }
+}
+
+/// The memory of a registration, as its provider pinned it.
+pub(crate) enum Pinned {
+    /// `host` and `p2pdma`.
+    User(UserPages),
+    /// `nvidia`.
+    Nvidia(nvidia::NvidiaPages),
+}
+
+impl Pinned {
+    /// The `struct page` of page `i`, where the memory has them (user memory).
+    pub(crate) fn page(&self, i: usize) -> Option<*mut bindings::page> {
+        match self {
+            Self::User(u) => u.page(i),
+            Self::Nvidia(_) => None,
+        }
+    }
+
+    /// The CPU physical address of page `i`. For nvidia, the caller holds a use of the pages.
+    pub(crate) fn phys(&self, i: usize) -> u64 {
+        match self {
+            Self::User(u) => u.phys(i),
+            Self::Nvidia(n) => n.phys(i),
+        }
+    }
+}
+
+/// What [`pin`] returns: the memory, its owner device and its page size.
+pub(crate) struct PinResult {
+    pub(crate) pinned: Pinned,
+    pub(crate) owner: Option<Owner>,
+    pub(crate) page_size: u64,
+}
+
+/// The alignment `REGISTER` requires of `addr` and `len` for a provider.
+pub(crate) fn alignment(provider: u32) -> Result<u64> {
+    match provider {
+        uapi::PROVIDER_HOST | uapi::PROVIDER_P2PDMA => Ok(PAGE_SIZE),
+        uapi::PROVIDER_NVIDIA => Ok(nvidia::ALIGNMENT),
+        _ => Err(error::unknown_provider()),
+    }
+}
+
+/// Whether a provider can be used now (for `GET_INFO`).
+pub(crate) fn available(provider: u32) -> bool {
+    match provider {
+        uapi::PROVIDER_HOST => true,
+        uapi::PROVIDER_P2PDMA => cfg!(CONFIG_PCI_P2PDMA),
+        uapi::PROVIDER_NVIDIA => nvidia::NvP2p::present(),
+        _ => false,
+    }
+}
+
+/// Pins a validated range of a provider's memory.
+pub(crate) fn pin(
+    provider: u32,
+    addr: u64,
+    len: u64,
+    flags: u32,
+    shared: &Arc<RegShared>,
+) -> Result<PinResult> {
+    let persistent = flags & uapi::REGISTER_PERSISTENT != 0;
+    if persistent && provider != uapi::PROVIDER_NVIDIA {
+        return Err(EINVAL);
+    }
+    match provider {
+        uapi::PROVIDER_HOST => host::pin(addr, len),
+        uapi::PROVIDER_P2PDMA => p2pdma::pin(addr, len),
+        uapi::PROVIDER_NVIDIA => nvidia::pin(addr, len, persistent, shared),
+        _ => Err(error::unknown_provider()),
+    }
+}

@@ -1,0 +1,496 @@
+// SPDX-License-Identifier: GPL-2.0
+
+// Copyright (C) 2026 The gdirect authors.
+
+//! Registrations: pinned provider memory, the addresses of its pages for peer devices, and its
+//! revocation.
+//!
+//! One [`Registration`] exists per successful `REGISTER`. The file that made it owns it (in its
+//! xarray); a `QUERY` or an I/O holds another reference while it runs. The memory is unpinned
+//! when the last reference goes: after `UNREGISTER` or the close of the file, once no operation
+//! uses it any more.
+//!
+//! Revocation: a provider may take its memory back (nvidia's free callback on `cudaFree`). The
+//! state that the provider's callback and the registration share is a [`RegShared`]: the
+//! callback marks it revoked and waits until no operation uses the pages, and from then on every
+//! use fails with `ENOLINK`. Operations take a [`UseGuard`] for as long as they touch the pages
+//! or their addresses.
+//!
+//! Lock order: `RegShared::inner` is a leaf: nothing is called under it but allocation. Provider
+//! functions (nv-p2p) are called without it, under a `UseGuard` at most.
+
+use core::ffi::c_void;
+use kernel::{
+    bindings, new_condvar, new_mutex, pci,
+    prelude::*,
+    sync::{
+        aref::ARef,
+        atomic::{
+            Atomic,
+            Relaxed, //
+        },
+        Arc,
+        CondVar,
+        Mutex, //
+    },
+};
+
+use crate::{
+    error,
+    provider::Pinned,
+    stats,
+    topology::{
+        self,
+        MapType, //
+    },
+    uapi,
+};
+
+unsafe extern "C" {
+    /// `dma_mapping_error()` (inline in C; `shim.c`); `dev` is a `struct device *`.
+    fn gdirect_dma_mapping_error(dev: *mut c_void, addr: bindings::dma_addr_t) -> i32;
+    /// `pci_domain_nr()` (inline in C; `shim.c`); `bus` is a `struct pci_bus *`.
+    fn gdirect_pci_domain_nr(bus: *mut c_void) -> i32;
+}
+
+/// Counters of one open file, shared with its registrations so that they are kept right
+/// whichever goes first.
+pub(crate) struct FileCounters {
+    pub(crate) registrations: Atomic<u32>,
+    pub(crate) pinned_bytes: Atomic<u64>,
+}
+
+impl FileCounters {
+    pub(crate) fn new() -> Result<Arc<Self>> {
+        Ok(Arc::new(
+            Self {
+                registrations: Atomic::new(0),
+                pinned_bytes: Atomic::new(0),
+            },
+            GFP_KERNEL,
+        )?)
+    }
+}
+
+/// How the addresses of a peer mapping were made, and so how to undo them.
+pub(crate) enum PeerKind {
+    /// PCI bus addresses: nothing to undo.
+    Bus,
+    /// `dma_map_resource` of each page.
+    Resource,
+    /// `dma_map_page_attrs` of each page.
+    HostPages,
+    /// `nvidia_p2p_dma_map_pages`: the GPU driver's mapping.
+    Nvidia(*mut crate::nv_p2p::DmaMapping),
+}
+
+/// The addresses one peer device uses for the pages of a registration.
+pub(crate) struct PeerMapping {
+    pub(crate) peer: ARef<pci::Device>,
+    pub(crate) map_type: u32,
+    pub(crate) addrs: KVVec<u64>,
+    pub(crate) kind: PeerKind,
+}
+
+// SAFETY: the raw mapping pointer is only passed back to the GPU driver that made it.
+unsafe impl Send for PeerMapping {}
+
+/// What the nvidia free callback must hand back to the GPU driver (nv-p2p rules).
+#[derive(Clone, Copy)]
+pub(crate) struct NvidiaRevoke {
+    pub(crate) free_page_table: crate::nv_p2p::FreePageTableFn,
+    pub(crate) free_dma_mapping: crate::nv_p2p::FreeDmaMappingFn,
+    pub(crate) table: *mut crate::nv_p2p::PageTable,
+}
+
+/// The state that a registration shares with its provider's revocation callback.
+struct SharedInner {
+    revoked: bool,
+    /// Operations using the pages now.
+    users: u32,
+    /// The provider's callback has finished with this registration.
+    callback_done: bool,
+    peers: KVec<PeerMapping>,
+    /// Set once nvidia pages are pinned.
+    nvidia: Option<NvidiaRevoke>,
+}
+
+// SAFETY: the page table pointer is only passed back to the GPU driver that made it.
+unsafe impl Send for NvidiaRevoke {}
+
+/// What a registration and its provider's callback share (see the module docs).
+#[pin_data]
+pub(crate) struct RegShared {
+    #[pin]
+    inner: Mutex<SharedInner>,
+    #[pin]
+    changed: CondVar,
+}
+
+/// A use of a registration's pages; revocation waits for it to end.
+pub(crate) struct UseGuard<'a>(&'a RegShared);
+
+impl Drop for UseGuard<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.0.inner.lock();
+        inner.users -= 1;
+        if inner.users == 0 {
+            self.0.changed.notify_all();
+        }
+    }
+}
+
+impl RegShared {
+    pub(crate) fn new() -> Result<Arc<Self>> {
+        Arc::pin_init(
+            pin_init!(Self {
+                inner <- new_mutex!(SharedInner {
+                    revoked: false,
+                    users: 0,
+                    callback_done: false,
+                    peers: KVec::new(),
+                    nvidia: None,
+                }, "RegShared::inner"),
+                changed <- new_condvar!("RegShared::changed"),
+            }),
+            GFP_KERNEL,
+        )
+    }
+
+    /// Starts a use of the pages: `ENOLINK` once revoked.
+    pub(crate) fn begin_use(&self) -> Result<UseGuard<'_>> {
+        let mut inner = self.inner.lock();
+        if inner.revoked {
+            return Err(error::revoked());
+        }
+        inner.users += 1;
+        Ok(UseGuard(self))
+    }
+
+    pub(crate) fn is_revoked(&self) -> bool {
+        self.inner.lock().revoked
+    }
+
+    /// Records what the nvidia free callback hands back.
+    pub(crate) fn set_nvidia(&self, revoke: NvidiaRevoke) {
+        self.inner.lock().nvidia = Some(revoke);
+    }
+
+    /// The provider takes the memory back: no new use may start, and this returns once the
+    /// current ones have ended, with the peer mappings for the provider to dispose of.
+    pub(crate) fn revoke(&self) -> (KVec<PeerMapping>, Option<NvidiaRevoke>) {
+        let mut inner = self.inner.lock();
+        inner.revoked = true;
+        while inner.users > 0 {
+            self.changed.wait(&mut inner);
+        }
+        (core::mem::take(&mut inner.peers), inner.nvidia)
+    }
+
+    /// The provider's callback is done with this registration.
+    pub(crate) fn finish_callback(&self) {
+        let mut inner = self.inner.lock();
+        inner.callback_done = true;
+        self.changed.notify_all();
+    }
+
+    /// Waits until the provider's callback is done with this registration.
+    pub(crate) fn wait_callback(&self) {
+        let mut inner = self.inner.lock();
+        while !inner.callback_done {
+            self.changed.wait(&mut inner);
+        }
+    }
+}
+
+/// The PCI function whose BAR holds some device memory.
+pub(crate) struct Owner {
+    pub(crate) dev: ARef<pci::Device>,
+    pub(crate) bar: usize,
+}
+
+impl Owner {
+    /// The function and BAR holding physical address `phys`, if any.
+    pub(crate) fn of_phys(phys: u64) -> Option<Self> {
+        let mut dev: *mut bindings::pci_dev = core::ptr::null_mut();
+        loop {
+            // SAFETY: `pci_get_device` drops the reference on `dev` (or NULL) and returns the
+            // next device with a reference, or NULL at the end.
+            dev = unsafe {
+                bindings::pci_get_device(
+                    bindings::PCI_ANY_ID as u32,
+                    bindings::PCI_ANY_ID as u32,
+                    dev,
+                )
+            };
+            let Some(nn) = core::ptr::NonNull::new(dev) else {
+                return None;
+            };
+            for bar in 0..bindings::PCI_STD_NUM_BARS as usize {
+                // SAFETY: `dev` is a valid, referenced device.
+                let res = unsafe { &(*dev).resource[bar] };
+                let mem = res.flags & bindings::IORESOURCE_MEM as usize != 0;
+                if mem && res.start <= phys && phys <= res.end {
+                    // SAFETY: we own the reference `pci_get_device` took; `pci::Device` is a
+                    // transparent wrapper of `pci_dev`.
+                    let dev = unsafe { ARef::from_raw(nn.cast::<pci::Device>()) };
+                    return Some(Self { dev, bar });
+                }
+            }
+        }
+    }
+
+    fn resource(&self) -> &bindings::resource {
+        // SAFETY: `dev` is a valid device and `bar` a standard BAR index.
+        unsafe { &(*topology::raw_pci(&self.dev)).resource[self.bar] }
+    }
+
+    /// Whether `[phys, phys + len)` lies in this BAR.
+    pub(crate) fn contains(&self, phys: u64, len: u64) -> bool {
+        let res = self.resource();
+        phys >= res.start && len > 0 && phys.checked_add(len - 1).is_some_and(|end| end <= res.end)
+    }
+
+    /// PCI bus address minus CPU physical address, for this BAR.
+    fn bus_offset(&self) -> u64 {
+        let pdev = topology::raw_pci(&self.dev);
+        let mut region = bindings::pci_bus_region::default();
+        // SAFETY: `pdev` is valid; its bus and resource outlive the call.
+        unsafe {
+            bindings::pcibios_resource_to_bus(
+                (*pdev).bus,
+                &mut region,
+                &raw mut (*pdev).resource[self.bar],
+            )
+        };
+        region.start.wrapping_sub(self.resource().start)
+    }
+
+    /// `domain << 16 | bus << 8 | devfn`, as `QUERY` reports it.
+    pub(crate) fn id(&self) -> u64 {
+        pci_id(&self.dev)
+    }
+}
+
+/// `domain << 16 | bus << 8 | devfn` of a device.
+pub(crate) fn pci_id(dev: &pci::Device) -> u64 {
+    let pdev = topology::raw_pci(dev);
+    // SAFETY: `pdev` and its bus are valid while `dev` is referenced.
+    let (domain, bus, devfn) = unsafe {
+        (
+            gdirect_pci_domain_nr((*pdev).bus.cast()),
+            (*(*pdev).bus).number,
+            (*pdev).devfn,
+        )
+    };
+    (u64::from(domain as u32) << 16) | (u64::from(bus) << 8) | u64::from(devfn)
+}
+
+/// A registration: see the module docs.
+pub(crate) struct Registration {
+    pub(crate) provider: u32,
+    pub(crate) len: u64,
+    pub(crate) page_size: u64,
+    pub(crate) page_count: u64,
+    /// The PCI function whose memory this is; `None` for host memory.
+    pub(crate) owner: Option<Owner>,
+    pub(crate) shared: Arc<RegShared>,
+    /// Dropped last (field order): after the peer mappings are undone.
+    pub(crate) pinned: Pinned,
+    pub(crate) counters: Arc<FileCounters>,
+}
+
+impl Registration {
+    /// The addresses `peer` uses for this registration, made once per peer: calls `f` with the
+    /// map type and the addresses (empty when the peer cannot reach the memory).
+    pub(crate) fn with_peer_addrs<R>(
+        &self,
+        peer: &ARef<pci::Device>,
+        f: impl FnOnce(u32, &[u64]) -> Result<R>,
+    ) -> Result<R> {
+        let _use = self.shared.begin_use()?;
+        let find = |inner: &SharedInner| {
+            inner
+                .peers
+                .iter()
+                .position(|p| p.peer.as_ref() as *const _ == peer.as_ref() as *const _)
+        };
+        {
+            let inner = self.shared.inner.lock();
+            if let Some(i) = find(&inner) {
+                let p = &inner.peers[i];
+                return f(p.map_type, &p.addrs);
+            }
+        }
+        // Made without the lock: it may call into the GPU driver.
+        let mapping = self.map_for(peer)?;
+        let mut inner = self.shared.inner.lock();
+        if let Some(i) = find(&inner) {
+            // Another QUERY made it meanwhile: keep theirs.
+            drop(inner);
+            self.unmap(mapping);
+            let inner = self.shared.inner.lock();
+            let p = &inner.peers[i];
+            return f(p.map_type, &p.addrs);
+        }
+        if inner.peers.reserve(1, GFP_KERNEL).is_err() {
+            drop(inner);
+            self.unmap(mapping);
+            return Err(ENOMEM);
+        }
+        inner
+            .peers
+            .push_within_capacity(mapping)
+            .map_err(|_| ENOMEM)?;
+        let p = &inner.peers[inner.peers.len() - 1];
+        f(p.map_type, &p.addrs)
+    }
+
+    /// Makes the addresses for `peer`. The caller holds a use of the pages.
+    fn map_for(&self, peer: &ARef<pci::Device>) -> Result<PeerMapping> {
+        let n = self.page_count as usize;
+        let mut addrs = KVVec::with_capacity(n, GFP_KERNEL)?;
+        let Some(owner) = &self.owner else {
+            // Host memory: DMA-map each page for the peer.
+            let dev = peer_device(peer);
+            let mut mapping = PeerMapping {
+                peer: peer.clone(),
+                map_type: uapi::MAP_HOST_MEMORY,
+                addrs: KVVec::new(),
+                kind: PeerKind::HostPages,
+            };
+            for i in 0..n {
+                let page = self.pinned.page(i).ok_or(EINVAL)?;
+                // SAFETY: `page` is pinned for the life of the registration; `dev` is valid.
+                let addr = unsafe {
+                    bindings::dma_map_page_attrs(
+                        dev,
+                        page,
+                        0,
+                        self.page_size as usize,
+                        bindings::dma_data_direction_DMA_BIDIRECTIONAL,
+                        0,
+                    )
+                };
+                // SAFETY: as above.
+                if unsafe { gdirect_dma_mapping_error(dev.cast(), addr) } != 0 {
+                    mapping.addrs = addrs;
+                    self.unmap(mapping);
+                    return Err(ENOMEM);
+                }
+                addrs.push(addr, GFP_KERNEL)?;
+            }
+            mapping.addrs = addrs;
+            return Ok(mapping);
+        };
+        let map_type = topology::map_type(&owner.dev, peer);
+        let mut mapping = PeerMapping {
+            peer: peer.clone(),
+            map_type: match map_type {
+                MapType::NotSupported => uapi::MAP_NOT_SUPPORTED,
+                MapType::BusAddr => uapi::MAP_BUS_ADDR,
+                MapType::ThruHostBridge => uapi::MAP_THRU_HOST_BRIDGE,
+            },
+            addrs: KVVec::new(),
+            kind: PeerKind::Bus,
+        };
+        if map_type == MapType::NotSupported {
+            return Ok(mapping);
+        }
+        if let Pinned::Nvidia(nv) = &self.pinned {
+            // The GPU driver maps its own memory for peers.
+            let (dma, dma_addrs) = nv.dma_map(peer)?;
+            mapping.kind = PeerKind::Nvidia(dma);
+            for a in dma_addrs {
+                addrs.push(*a, GFP_KERNEL)?;
+            }
+            mapping.addrs = addrs;
+            return Ok(mapping);
+        }
+        let dev = peer_device(peer);
+        let bus_offset = owner.bus_offset();
+        if map_type == MapType::ThruHostBridge {
+            mapping.kind = PeerKind::Resource;
+        }
+        for i in 0..n {
+            let phys = self.pinned.phys(i);
+            let addr = if map_type == MapType::BusAddr {
+                phys.wrapping_add(bus_offset)
+            } else {
+                // SAFETY: `phys` is a pinned page of the owner's BAR; `dev` is valid.
+                let addr = unsafe {
+                    bindings::dma_map_resource(
+                        dev,
+                        phys,
+                        self.page_size as usize,
+                        bindings::dma_data_direction_DMA_BIDIRECTIONAL,
+                        0,
+                    )
+                };
+                // SAFETY: as above.
+                if unsafe { gdirect_dma_mapping_error(dev.cast(), addr) } != 0 {
+                    mapping.addrs = addrs;
+                    self.unmap(mapping);
+                    return Err(ENOMEM);
+                }
+                addr
+            };
+            addrs.push(addr, GFP_KERNEL)?;
+        }
+        mapping.addrs = addrs;
+        Ok(mapping)
+    }
+
+    /// Undoes a peer mapping. The caller holds a use of the pages.
+    fn unmap(&self, mapping: PeerMapping) {
+        let dev = peer_device(&mapping.peer);
+        let size = self.page_size as usize;
+        let dir = bindings::dma_data_direction_DMA_BIDIRECTIONAL;
+        match mapping.kind {
+            PeerKind::Bus => {}
+            PeerKind::Resource => {
+                for a in mapping.addrs.iter() {
+                    // SAFETY: `a` was mapped by `dma_map_resource` for `dev` with this size.
+                    unsafe { bindings::dma_unmap_resource(dev, *a, size, dir, 0) };
+                }
+            }
+            PeerKind::HostPages => {
+                for a in mapping.addrs.iter() {
+                    // SAFETY: `a` was mapped by `dma_map_page_attrs` for `dev` with this size.
+                    unsafe { bindings::dma_unmap_page_attrs(dev, *a, size, dir, 0) };
+                }
+            }
+            PeerKind::Nvidia(dma) => {
+                if let Pinned::Nvidia(nv) = &self.pinned {
+                    nv.dma_unmap(&mapping.peer, dma);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        // Undo the peer mappings while the pages are certainly there; once revoked, the
+        // provider's callback disposed of them.
+        if let Ok(guard) = self.shared.begin_use() {
+            let peers = core::mem::take(&mut self.shared.inner.lock().peers);
+            for p in peers {
+                self.unmap(p);
+            }
+            drop(guard);
+        }
+        stats::REGISTRATIONS.fetch_sub(1, Relaxed);
+        stats::PINNED_BYTES.fetch_sub(self.len, Relaxed);
+        stats::BY_PROVIDER[self.provider as usize].fetch_sub(1, Relaxed);
+        self.counters.registrations.fetch_sub(1, Relaxed);
+        self.counters.pinned_bytes.fetch_sub(self.len, Relaxed);
+        // `pinned` is dropped next: it unpins or puts the pages.
+    }
+}
+
+/// The `struct device` of a PCI device, for the DMA API.
+fn peer_device(peer: &pci::Device) -> *mut bindings::device {
+    // SAFETY: `peer` is a valid PCI device; its `dev` lives as long as it does.
+    unsafe { &raw mut (*topology::raw_pci(peer)).dev }
+}

@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: GPL-2.0
+
+// Copyright (C) 2026 The gdirect authors.
+
+//! PCI topology: can a device reach another's memory peer-to-peer, and how.
+//!
+//! The kernel decides this in `calc_map_type_and_dist()` (`drivers/pci/p2pdma.c`), which modules
+//! can only reach through `pci_p2pdma_distance_many()`: it says whether P2P is possible at all,
+//! but not whether the traffic stays below a switch (PCI bus addresses) or crosses the host
+//! bridge (DMA addresses). [`map_type`] takes the verdict from the kernel and the route from the
+//! same walk of upstream bridges the kernel makes, with the same ACS redirect rule.
+//!
+//! Shared with the rig's emulated GPU, which answers `nvidia_p2p_dma_map_pages` with it.
+
+use core::ffi::c_void;
+use kernel::{
+    bindings,
+    pci, //
+};
+
+// Pointers to `struct pci_dev` and `struct device` cross as `void *`: bindgen's versions of
+// them hold a zero-sized array that the `improper_ctypes` lint rejects.
+unsafe extern "C" {
+    /// `pci_upstream_bridge()` (inline in C; `shim.c`).
+    fn gdirect_pci_upstream_bridge(dev: *mut c_void) -> *mut c_void;
+    /// `pci_p2pdma_distance_many()`: `provider` is a `pci_dev`, `clients` an array of `device`.
+    fn pci_p2pdma_distance_many(
+        provider: *mut c_void,
+        clients: *mut *mut c_void,
+        num_clients: i32,
+        verbose: bool,
+    ) -> i32;
+}
+
+/// How a client device reaches a provider's memory (`enum pci_p2pdma_map_type`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum MapType {
+    /// It cannot: the path crosses a host bridge the kernel does not allow P2P through.
+    NotSupported,
+    /// Directly below a common switch: the client uses PCI bus addresses.
+    BusAddr,
+    /// Through the host bridge (or an ACS redirect): the client uses DMA-mapped addresses.
+    ThruHostBridge,
+}
+
+/// The raw `pci_dev` of a device.
+pub(crate) fn raw_pci(dev: &pci::Device) -> *mut bindings::pci_dev {
+    // `pci::Device` is a transparent wrapper of `Opaque<bindings::pci_dev>`.
+    core::ptr::from_ref(dev).cast_mut().cast()
+}
+
+fn upstream(dev: *mut bindings::pci_dev) -> *mut bindings::pci_dev {
+    // SAFETY: `dev` is a valid device; the returned bridge is kept alive by its child's
+    // reference, which the callers hold for as long as they walk.
+    unsafe { gdirect_pci_upstream_bridge(dev.cast()) }.cast()
+}
+
+/// Whether `bridge` redirects peer-to-peer requests upstream (ACS RR, CR or EC set).
+fn acs_redirects(bridge: *mut bindings::pci_dev) -> bool {
+    // SAFETY: `bridge` is a valid device (see `upstream`).
+    let pos = unsafe { (*bridge).acs_cap };
+    if pos == 0 {
+        return false;
+    }
+    let mut ctrl: u16 = 0;
+    // SAFETY: as above; `ctrl` is a valid location.
+    unsafe {
+        bindings::pci_read_config_word(
+            bridge,
+            i32::from(pos) + bindings::PCI_ACS_CTRL as i32,
+            &mut ctrl,
+        )
+    };
+    let redirect = (bindings::PCI_ACS_RR | bindings::PCI_ACS_CR | bindings::PCI_ACS_EC) as u16;
+    ctrl & redirect != 0
+}
+
+/// The lowest bridge (or device) above both `a` and `b`, and whether any bridge on the way from
+/// either of them to it redirects P2P traffic.
+fn common_upstream(
+    a: *mut bindings::pci_dev,
+    b: *mut bindings::pci_dev,
+) -> Option<(*mut bindings::pci_dev, bool)> {
+    let mut redirect = false;
+    let mut x = a;
+    while !x.is_null() {
+        redirect |= acs_redirects(x);
+        let mut y = b;
+        while !y.is_null() {
+            if x == y {
+                let mut z = b;
+                while z != x {
+                    redirect |= acs_redirects(z);
+                    z = upstream(z);
+                }
+                return Some((x, redirect));
+            }
+            y = upstream(y);
+        }
+        x = upstream(x);
+    }
+    None
+}
+
+/// How `client` reaches memory in a BAR of `provider`. Logs nothing.
+pub(crate) fn map_type(provider: &pci::Device, client: &pci::Device) -> MapType {
+    let (p, c) = (raw_pci(provider), raw_pci(client));
+    // SAFETY: `c` is a valid device.
+    let mut clients = [unsafe { (&raw mut (*c).dev).cast::<c_void>() }];
+    // SAFETY: both devices are valid and referenced by the caller; `clients` holds one device.
+    if unsafe { pci_p2pdma_distance_many(p.cast(), clients.as_mut_ptr(), 1, false) } < 0 {
+        return MapType::NotSupported;
+    }
+    match common_upstream(p, c) {
+        Some((_, false)) => MapType::BusAddr,
+        _ => MapType::ThruHostBridge,
+    }
+}
