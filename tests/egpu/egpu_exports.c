@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Exports of gdirect_egpu: the NVIDIA nv-p2p functions, implemented in
+ * egpu_main.rs, exported as the open nvidia.ko exports them: same names,
+ * EXPORT_SYMBOL_GPL (NV_EXPORT_SYMBOL), which __symbol_get() requires. No logic
+ * lives here. gdirect's wrappers of C inline functions are compiled in too, for
+ * the files this module shares with it.
+ */
+#include <linux/dma-mapping.h>
+#include <linux/export.h>
+#include <linux/types.h>
+
+struct pci_dev;
+struct nvidia_p2p_page_table;
+struct nvidia_p2p_dma_mapping;
+
+int nvidia_p2p_get_pages(u64 p2p_token, u32 va_space, u64 virtual_address,
+			 u64 length, struct nvidia_p2p_page_table **page_table,
+			 void (*free_callback)(void *data), void *data);
+int nvidia_p2p_get_pages_persistent(u64 virtual_address, u64 length,
+				    struct nvidia_p2p_page_table **page_table,
+				    u32 flags);
+int nvidia_p2p_put_pages(u64 p2p_token, u32 va_space, u64 virtual_address,
+			 struct nvidia_p2p_page_table *page_table);
+int nvidia_p2p_put_pages_persistent(u64 virtual_address,
+				    struct nvidia_p2p_page_table *page_table,
+				    u32 flags);
+int nvidia_p2p_dma_map_pages(struct pci_dev *peer,
+			     struct nvidia_p2p_page_table *page_table,
+			     struct nvidia_p2p_dma_mapping **dma_mapping);
+int nvidia_p2p_dma_unmap_pages(struct pci_dev *peer,
+			       struct nvidia_p2p_page_table *page_table,
+			       struct nvidia_p2p_dma_mapping *dma_mapping);
+int nvidia_p2p_free_page_table(struct nvidia_p2p_page_table *page_table);
+int nvidia_p2p_free_dma_mapping(struct nvidia_p2p_dma_mapping *dma_mapping);
+
+EXPORT_SYMBOL_GPL(nvidia_p2p_get_pages);
+EXPORT_SYMBOL_GPL(nvidia_p2p_get_pages_persistent);
+EXPORT_SYMBOL_GPL(nvidia_p2p_put_pages);
+EXPORT_SYMBOL_GPL(nvidia_p2p_put_pages_persistent);
+EXPORT_SYMBOL_GPL(nvidia_p2p_dma_map_pages);
+EXPORT_SYMBOL_GPL(nvidia_p2p_dma_unmap_pages);
+EXPORT_SYMBOL_GPL(nvidia_p2p_free_page_table);
+EXPORT_SYMBOL_GPL(nvidia_p2p_free_dma_mapping);
+
+#include "../../kernel/shim.c"
