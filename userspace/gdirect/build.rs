@@ -16,10 +16,25 @@ fn main() {
         PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let root = manifest.join("../..");
     let header = root.join("include/uapi/linux/gdirect.h");
+    let egpu_header = root.join("tests/egpu/gdirect_egpu.h");
     let mirror = root.join("kernel/uapi.rs");
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     println!("cargo:rerun-if-changed={}", header.display());
+    println!("cargo:rerun-if-changed={}", egpu_header.display());
     println!("cargo:rerun-if-changed={}", mirror.display());
+
+    // The rig's emulated GPU: its allocations are device memory the library knows.
+    let egpu = bindgen::Builder::default()
+        .header(egpu_header.to_string_lossy())
+        .allowlist_type("egpu_.*")
+        .allowlist_var("EGPU_.*")
+        .clang_macro_fallback()
+        .clang_macro_fallback_build_dir(&out)
+        .derive_default(true)
+        .generate()
+        .unwrap_or_else(|e| panic!("bindgen failed on {}: {e}", egpu_header.display()))
+        .to_string();
+    fs::write(out.join("egpu.rs"), egpu).expect("write egpu bindings");
 
     let bindings = bindgen::Builder::default()
         .header(header.to_string_lossy())
@@ -29,7 +44,8 @@ fn main() {
         // evaluate the command codes, so they come from the header too.
         .clang_macro_fallback()
         .clang_macro_fallback_build_dir(&out)
-        .default_enum_style(bindgen::EnumVariation::ModuleConsts)
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .prepend_enum_name(false)
         .derive_default(true)
         .derive_eq(true)
         .layout_tests(true)

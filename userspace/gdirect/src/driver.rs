@@ -45,11 +45,12 @@ impl Provider {
         }
     }
 
-    fn id(self) -> u32 {
+    /// The provider's `GDIRECT_PROVIDER_*` value.
+    pub fn id(self) -> u32 {
         match self {
-            Provider::Host => sys::gdirect_provider::GDIRECT_PROVIDER_HOST,
-            Provider::Nvidia => sys::gdirect_provider::GDIRECT_PROVIDER_NVIDIA,
-            Provider::P2pdma => sys::gdirect_provider::GDIRECT_PROVIDER_P2PDMA,
+            Provider::Host => sys::GDIRECT_PROVIDER_HOST,
+            Provider::Nvidia => sys::GDIRECT_PROVIDER_NVIDIA,
+            Provider::P2pdma => sys::GDIRECT_PROVIDER_P2PDMA,
         }
     }
 }
@@ -88,6 +89,20 @@ pub struct Info {
     providers_mask: u32,
     /// Files open on the device, the caller's included.
     pub open_files: u32,
+    /// Registrations held by this handle.
+    pub file_registrations: u32,
+    /// Bytes pinned by them.
+    pub file_pinned_bytes: u64,
+    /// Live registrations, all processes.
+    pub registrations: u64,
+    /// Bytes pinned by them.
+    pub pinned_bytes: u64,
+    /// Registrations revoked by their provider since the module was loaded.
+    pub revocations: u64,
+    /// The module's limit on pinned bytes, all registrations together.
+    pub max_pinned_bytes: u64,
+    /// The module's limit on registrations per open handle.
+    pub max_registrations: u32,
 }
 
 impl Info {
@@ -191,10 +206,17 @@ impl Driver {
             },
             providers_mask: args.providers,
             open_files: args.open_files,
+            file_registrations: args.file_registrations,
+            file_pinned_bytes: args.file_pinned_bytes,
+            registrations: args.registrations,
+            pinned_bytes: args.pinned_bytes,
+            revocations: args.revocations,
+            max_pinned_bytes: args.max_pinned_bytes,
+            max_registrations: args.max_registrations,
         })
     }
 
-    fn ioctl_error(&self, ioctl: &'static str, errno: Errno) -> Error {
+    pub(crate) fn ioctl_error(&self, ioctl: &'static str, errno: Errno) -> Error {
         Error::Ioctl {
             ioctl,
             path: self.path.clone(),
@@ -247,14 +269,18 @@ mod tests {
                 minor: 1,
                 patch: 0,
             },
-            providers_mask: 1 << sys::gdirect_provider::GDIRECT_PROVIDER_P2PDMA,
+            providers_mask: 1 << sys::GDIRECT_PROVIDER_P2PDMA,
             open_files: 1,
+            file_registrations: 0,
+            file_pinned_bytes: 0,
+            registrations: 0,
+            pinned_bytes: 0,
+            revocations: 0,
+            max_pinned_bytes: 0,
+            max_registrations: 0,
         };
         assert_eq!(info.providers().collect::<Vec<_>>(), vec![Provider::P2pdma]);
         assert!(!info.has_provider(Provider::Host));
-        assert_eq!(
-            Provider::ALL.len() as u32,
-            sys::gdirect_provider::GDIRECT_PROVIDER_COUNT
-        );
+        assert_eq!(Provider::ALL.len() as u32, sys::GDIRECT_PROVIDER_COUNT);
     }
 }

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 pub use nix::errno::Errno;
 
+use crate::Provider;
+
 /// Everything that can go wrong talking to the gdirect module.
 ///
 /// `Display` says what happened and, where there is one, what to do about it; errno values
@@ -66,6 +68,84 @@ pub enum Error {
         library: u32,
     },
 
+    /// A device node the operation needs is missing.
+    #[error("{path} does not exist: {what} is not loaded")]
+    DeviceMissing {
+        /// The device path.
+        path: PathBuf,
+        /// What provides it.
+        what: &'static str,
+    },
+
+    /// Memory could not be allocated.
+    #[error("cannot allocate {what}: {errno}")]
+    Allocation {
+        /// What was asked for.
+        what: String,
+        /// The error.
+        errno: Errno,
+    },
+
+    /// The address or length is not a multiple of the provider's alignment.
+    #[error(
+        "cannot register {len} bytes at {addr:#x} with the {provider} provider: address and \
+         length must be multiples of its alignment (4 KiB for host and p2pdma, 64 KiB for nvidia)"
+    )]
+    Misaligned {
+        /// The provider asked for.
+        provider: Provider,
+        /// The address given.
+        addr: u64,
+        /// The length given.
+        len: u64,
+    },
+
+    /// The range is not (entirely) memory of the provider.
+    #[error("{len} bytes at {addr:#x} are not {provider} memory (unmapped, of another kind, or spanning devices)")]
+    NotProviderMemory {
+        /// The provider asked for.
+        provider: Provider,
+        /// The address given.
+        addr: u64,
+        /// The length given.
+        len: u64,
+    },
+
+    /// The module's pinned-bytes limit would be exceeded.
+    #[error(
+        "registering {len} more bytes would exceed the module's max_pinned_bytes limit (see \
+         `gdirect info`; set it when loading: insmod gdirect.ko max_pinned_bytes=N)"
+    )]
+    PinLimit {
+        /// The length asked for.
+        len: u64,
+    },
+
+    /// The file holds the most registrations the module allows.
+    #[error("this handle holds max_registrations registrations already (module parameter)")]
+    TooManyRegistrations,
+
+    /// The provider's driver is not on this system now.
+    #[error("the {provider} provider is not available (its driver is not loaded)")]
+    ProviderUnavailable {
+        /// The provider asked for.
+        provider: Provider,
+    },
+
+    /// The provider took the memory back (for example `cudaFree` of registered GPU memory).
+    #[error("registration {handle:#x} was revoked: its provider took the memory back")]
+    Revoked {
+        /// The registration's handle.
+        handle: u64,
+    },
+
+    /// No PCI device at the peer address.
+    #[error("no PCI device at {peer}")]
+    NoSuchPeer {
+        /// The address given.
+        peer: crate::PciAddress,
+    },
+
     /// An ioctl failed.
     #[error("{ioctl} on {path} failed: {errno}")]
     Ioctl {
@@ -84,9 +164,19 @@ impl Error {
         match self {
             Self::Open { errno, .. }
             | Self::NotGdirect { errno, .. }
-            | Self::Ioctl { errno, .. } => Some(*errno),
+            | Self::Ioctl { errno, .. }
+            | Self::Allocation { errno, .. } => Some(*errno),
             Self::PermissionDenied { .. } => Some(Errno::EACCES),
-            Self::ModuleNotLoaded { .. } | Self::VersionMismatch { .. } => None,
+            Self::Misaligned { .. } => Some(Errno::ERANGE),
+            Self::NotProviderMemory { .. } => Some(Errno::ENXIO),
+            Self::PinLimit { .. } => Some(Errno::EDQUOT),
+            Self::TooManyRegistrations => Some(Errno::EMFILE),
+            Self::ProviderUnavailable { .. } => Some(Errno::EOPNOTSUPP),
+            Self::Revoked { .. } => Some(Errno::ENOLINK),
+            Self::NoSuchPeer { .. } => Some(Errno::ENODEV),
+            Self::ModuleNotLoaded { .. }
+            | Self::VersionMismatch { .. }
+            | Self::DeviceMissing { .. } => None,
         }
     }
 }

@@ -28,15 +28,26 @@
 #![deny(missing_docs)]
 
 mod driver;
+pub mod egpu;
 mod error;
+mod memory;
+mod pci;
+mod registration;
 mod sys;
 
 pub use driver::{Driver, Info, Provider, Version, ABI_VERSION, DEFAULT_DEVICE_PATH};
 pub use error::{Errno, Error, Result};
+pub use memory::{DeviceMemory, HostBuffer, P2pMem};
+pub use pci::{ParsePciAddressError, PciAddress};
+pub use registration::{MapType, PeerMap, RegisterOptions, Registration};
 
 /// The request codes and structs of the ABI, for test programs that must send malformed
 /// requests on purpose. Applications use [`Driver`].
 #[doc(hidden)]
 pub mod raw {
-    pub use crate::sys::{gdirect_info_args, GDIRECT_IOC_GET_INFO, GDIRECT_IOC_MAGIC};
+    pub use crate::sys::{
+        gdirect_info_args, gdirect_query_args, gdirect_register_args, gdirect_unregister_args,
+        GDIRECT_IOC_GET_INFO, GDIRECT_IOC_MAGIC, GDIRECT_IOC_QUERY, GDIRECT_IOC_REGISTER,
+        GDIRECT_IOC_UNREGISTER, GDIRECT_REGISTER_PERSISTENT,
+    };
 }

@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+//! The emulated GPU of the gdirect test rig (`tests/egpu`): "GPU memory" without a GPU.
+//!
+//! Its allocations are registered with the `nvidia` provider, exactly as cudaMalloc memory is:
+//! the module reaches them through the nv-p2p interface the emulated GPU exports. Freeing an
+//! allocation that is registered revokes the registration, as `cudaFree` does.
+
+use std::{
+    os::fd::{AsRawFd, OwnedFd},
+    path::PathBuf,
+    sync::Arc,
+};
+
+use nix::{fcntl::OFlag, sys::stat::Mode};
+
+use crate::{
+    error::{Errno, Error, Result},
+    memory::DeviceMemory,
+    sys::egpu as sys,
+    Provider,
+};
+
+/// The device node of the emulated GPU.
+pub const DEVICE_PATH: &str = "/dev/gdirect_egpu";
+/// Allocation granularity and alignment (the nv-p2p page size).
+pub const PAGE_SIZE: u64 = sys::EGPU_PAGE_SIZE as u64;
+
+/// An open handle to the emulated GPU: a "CUDA context". Its allocations are freed with it.
+#[derive(Debug)]
+pub struct Egpu {
+    fd: OwnedFd,
+}
+
+/// What the emulated GPU reports (`EGPU_IOC_INFO`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EgpuInfo {
+    /// PCI bus address of the memory BAR.
+    pub bar_bus_addr: u64,
+    /// Size of the memory BAR.
+    pub bar_len: u64,
+    /// Bytes not allocated.
+    pub free_bytes: u64,
+    /// Live allocations, all processes.
+    pub allocations: u32,
+    /// nv-p2p page tables handed out and not yet put or revoked.
+    pub mappings: u32,
+    /// Free callbacks run since load.
+    pub callbacks: u64,
+}
+
+/// What freeing an allocation did to its registrations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FreeReport {
+    /// Registrations revoked (free callbacks run).
+    pub callbacks: u32,
+    /// Persistent registrations that keep the memory until they end.
+    pub deferred: u32,
+}
+
+fn ioctl_error(ioctl: &'static str, errno: Errno) -> Error {
+    Error::Ioctl {
+        ioctl,
+        path: PathBuf::from(DEVICE_PATH),
+        errno,
+    }
+}
+
+impl Egpu {
+    /// Opens `/dev/gdirect_egpu` (the `gdirect_egpu` test module).
+    pub fn open() -> Result<Arc<Self>> {
+        let fd = nix::fcntl::open(DEVICE_PATH, OFlag::O_RDWR | OFlag::O_CLOEXEC, Mode::empty())
+            .map_err(|errno| match errno {
+                Errno::ENOENT | Errno::ENODEV | Errno::ENXIO => Error::DeviceMissing {
+                    path: PathBuf::from(DEVICE_PATH),
+                    what: "the emulated GPU (load gdirect_egpu.ko)",
+                },
+                errno => Error::Open {
+                    path: PathBuf::from(DEVICE_PATH),
+                    errno,
+                },
+            })?;
+        Ok(Arc::new(Self { fd }))
+    }
+
+    /// Allocates `len` bytes (a multiple of [`PAGE_SIZE`]) of GPU memory.
+    pub fn alloc(self: &Arc<Self>, len: u64) -> Result<EgpuAllocation> {
+        let mut args = sys::egpu_alloc_args {
+            len,
+            ..Default::default()
+        };
+        // SAFETY: `args` is a valid, writable struct for the call; the driver keeps no pointer.
+        unsafe { sys::alloc(self.fd.as_raw_fd(), &mut args) }
+            .map_err(|errno| ioctl_error("EGPU_IOC_ALLOC", errno))?;
+        Ok(EgpuAllocation {
+            egpu: self.clone(),
+            va: args.va,
+            bar_offset: args.bar_offset,
+            len,
+            freed: false,
+        })
+    }
+
+    /// The device's state.
+    pub fn info(&self) -> Result<EgpuInfo> {
+        let mut args = sys::egpu_info_args::default();
+        // SAFETY: as in `alloc`.
+        unsafe { sys::info(self.fd.as_raw_fd(), &mut args) }
+            .map_err(|errno| ioctl_error("EGPU_IOC_INFO", errno))?;
+        Ok(EgpuInfo {
+            bar_bus_addr: args.bar_bus_addr,
+            bar_len: args.bar_len,
+            free_bytes: args.free_bytes,
+            allocations: args.allocations,
+            mappings: args.mappings,
+            callbacks: args.callbacks,
+        })
+    }
+
+    /// Frees the allocation at GPU virtual address `va` of this handle, as a `cudaFree` from
+    /// elsewhere in the program would, even while an [`EgpuAllocation`] still names it (its drop
+    /// then finds nothing to free).
+    pub fn free_va(&self, va: u64) -> Result<FreeReport> {
+        let mut args = sys::egpu_free_args {
+            va,
+            ..Default::default()
+        };
+        // SAFETY: as in `alloc`.
+        unsafe { sys::free(self.fd.as_raw_fd(), &mut args) }
+            .map_err(|errno| ioctl_error("EGPU_IOC_FREE", errno))?;
+        Ok(FreeReport {
+            callbacks: args.callbacks,
+            deferred: args.deferred,
+        })
+    }
+}
+
+/// An allocation of emulated GPU memory; freed when dropped.
+#[derive(Debug)]
+pub struct EgpuAllocation {
+    egpu: Arc<Egpu>,
+    va: u64,
+    bar_offset: u64,
+    len: u64,
+    freed: bool,
+}
+
+impl EgpuAllocation {
+    /// The fake GPU virtual address (what a CUDA program would hold).
+    pub fn va(&self) -> u64 {
+        self.va
+    }
+
+    /// Where the memory is in the device's BAR2 (and in the host's backing file).
+    pub fn bar_offset(&self) -> u64 {
+        self.bar_offset
+    }
+
+    /// Frees the allocation now, like `cudaFree`: registrations of it are revoked, unless
+    /// persistent.
+    pub fn free(mut self) -> Result<FreeReport> {
+        self.freed = true;
+        self.egpu.free_va(self.va)
+    }
+}
+
+impl DeviceMemory for EgpuAllocation {
+    fn provider(&self) -> Provider {
+        Provider::Nvidia
+    }
+    fn device_address(&self) -> u64 {
+        self.va
+    }
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl Drop for EgpuAllocation {
+    fn drop(&mut self) {
+        if !self.freed {
+            let _ = self.egpu.free_va(self.va);
+        }
+    }
+}

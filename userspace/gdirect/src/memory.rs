@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+//! Device memory: what can be registered, and the kinds the library can allocate.
+
+use std::{fs::OpenOptions, num::NonZeroUsize, os::fd::AsFd, ptr::NonNull};
+
+use nix::sys::mman::{mmap, mmap_anonymous, munmap, MapFlags, ProtFlags};
+
+use crate::{
+    error::{Error, Result},
+    pci::PciAddress,
+    Provider,
+};
+
+/// Memory that can be registered with the module (`Driver::register`).
+///
+/// Implemented by [`HostBuffer`], [`P2pMem`], the emulated GPU's
+/// [`EgpuAllocation`](crate::egpu::EgpuAllocation) and, with the `cuda` feature, cudarc's
+/// `CudaSlice`. Implement it for other memory by naming its provider and address.
+pub trait DeviceMemory {
+    /// Which provider owns the memory.
+    fn provider(&self) -> Provider;
+    /// The address the provider knows it by: a user virtual address for host and p2pdma memory,
+    /// a GPU virtual address for nvidia memory.
+    fn device_address(&self) -> u64;
+    /// Length in bytes.
+    fn len(&self) -> u64;
+    /// Whether the memory is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    usize::try_from(unsafe { nix::libc::sysconf(nix::libc::_SC_PAGESIZE) }).unwrap_or(4096)
+}
+
+/// Page-aligned host memory of the calling process (an anonymous mapping).
+#[derive(Debug)]
+pub struct HostBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory owned by this value.
+unsafe impl Send for HostBuffer {}
+// SAFETY: shared access is read-only.
+unsafe impl Sync for HostBuffer {}
+
+impl HostBuffer {
+    /// Maps `len` bytes (rounded up to the page size) of zeroed memory.
+    pub fn new(len: usize) -> Result<Self> {
+        let page = page_size();
+        let len = len.div_ceil(page).max(1) * page;
+        let size = NonZeroUsize::new(len).ok_or(Error::Allocation {
+            what: "host buffer".into(),
+            errno: nix::errno::Errno::EINVAL,
+        })?;
+        // SAFETY: a fresh private anonymous mapping aliases nothing.
+        let ptr = unsafe {
+            mmap_anonymous(
+                None,
+                size,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_PRIVATE,
+            )
+        }
+        .map_err(|errno| Error::Allocation {
+            what: format!("{len}-byte host buffer"),
+            errno,
+        })?;
+        Ok(Self {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` bytes, readable, and lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, for writing.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DeviceMemory for HostBuffer {
+    fn provider(&self) -> Provider {
+        Provider::Host
+    }
+    fn device_address(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+    fn len(&self) -> u64 {
+        self.len as u64
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, no longer referenced.
+        let _ = unsafe { munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// P2P memory of a PCI device (an NVMe CMB, a published GPU BAR), mapped from its
+/// `p2pmem/allocate` file: the kernel allocates `len` bytes of the device's P2PDMA pool for the
+/// mapping and frees them when it is unmapped.
+#[derive(Debug)]
+pub struct P2pMem {
+    ptr: NonNull<u8>,
+    len: usize,
+    device: PciAddress,
+}
+
+// SAFETY: the mapping is owned by this value; access goes through volatile copies.
+unsafe impl Send for P2pMem {}
+// SAFETY: as above.
+unsafe impl Sync for P2pMem {}
+
+impl P2pMem {
+    /// Allocates `len` bytes (rounded up to the page size) of `device`'s published P2P memory.
+    pub fn allocate(device: PciAddress, len: usize) -> Result<Self> {
+        let path = device.sysfs_path().join("p2pmem/allocate");
+        let what = || format!("{len} bytes of P2P memory from {}", path.display());
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::Allocation {
+                what: what(),
+                errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(nix::libc::EIO)),
+            })?;
+        let page = page_size();
+        let len = len.div_ceil(page).max(1) * page;
+        let size = NonZeroUsize::new(len).ok_or(Error::Allocation {
+            what: what(),
+            errno: nix::errno::Errno::EINVAL,
+        })?;
+        // SAFETY: a new shared mapping of the allocate file; nothing else aliases it.
+        let ptr = unsafe {
+            mmap(
+                None,
+                size,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                file.as_fd(),
+                0,
+            )
+        }
+        .map_err(|errno| Error::Allocation {
+            what: what(),
+            errno,
+        })?;
+        Ok(Self {
+            ptr: ptr.cast(),
+            len,
+            device,
+        })
+    }
+
+    /// The device the memory belongs to.
+    pub fn device(&self) -> PciAddress {
+        self.device
+    }
+
+    /// Copies `out.len()` bytes at `offset` out of the device memory.
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
+        assert!(
+            offset <= self.len && out.len() <= self.len - offset,
+            "P2pMem::read past the end"
+        );
+        for (i, b) in out.iter_mut().enumerate() {
+            // SAFETY: in bounds (checked above) of the mapping. Volatile: device memory.
+            *b = unsafe { self.ptr.as_ptr().add(offset + i).read_volatile() };
+        }
+    }
+
+    /// Copies `data` into the device memory at `offset`.
+    pub fn write(&mut self, offset: usize, data: &[u8]) {
+        assert!(
+            offset <= self.len && data.len() <= self.len - offset,
+            "P2pMem::write past the end"
+        );
+        for (i, b) in data.iter().enumerate() {
+            // SAFETY: as in `read`, and `&mut self` makes this the only writer.
+            unsafe { self.ptr.as_ptr().add(offset + i).write_volatile(*b) };
+        }
+    }
+}
+
+impl DeviceMemory for P2pMem {
+    fn provider(&self) -> Provider {
+        Provider::P2pdma
+    }
+    fn device_address(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+    fn len(&self) -> u64 {
+        self.len as u64
+    }
+}
+
+impl Drop for P2pMem {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `allocate`, no longer referenced.
+        let _ = unsafe { munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// GPU memory allocated through cudarc: registered with the `nvidia` provider by its device
+/// address. The nv-p2p interface needs 64 KiB aligned addresses and lengths: allocate with
+/// room to spare and register an aligned view if the allocation is not.
+#[cfg(feature = "cuda")]
+impl<T> DeviceMemory for cudarc::driver::CudaSlice<T> {
+    fn provider(&self) -> Provider {
+        Provider::Nvidia
+    }
+    fn device_address(&self) -> u64 {
+        use cudarc::driver::DevicePtr;
+        let (ptr, _sync) = self.device_ptr(self.stream());
+        ptr
+    }
+    fn len(&self) -> u64 {
+        self.num_bytes() as u64
+    }
+}
