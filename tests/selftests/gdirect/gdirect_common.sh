@@ -56,6 +56,36 @@ _unload_module_if_ours() {
 	_GDIRECT_LOADED_HERE=0
 }
 
+GDIRECT_EGPU_MODULE=${GDIRECT_EGPU_MODULE:-/lib/gdirect/gdirect_egpu.ko}
+
+# Load the emulated GPU (and gdirect) for a test; _unload_all undoes both.
+_load_all() {
+	_load_module || return 1
+	[ -d /sys/module/gdirect_egpu ] || insmod "$GDIRECT_EGPU_MODULE"
+}
+
+_unload_all() {
+	[ -d /sys/module/gdirect ] && rmmod gdirect
+	[ -d /sys/module/gdirect_egpu ] && rmmod gdirect_egpu
+	_GDIRECT_LOADED_HERE=0
+	return 0
+}
+
+# The value of key $2 in `key=value` output $1 (first match).
+_kv() {
+	echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1
+}
+
+# A field of `gdirect info --json` (a jq path).
+_info() {
+	gdirect info --json | jq -r "$1"
+}
+
+# The state of the emulated GPU: `allocations=N mappings=N callbacks=N`.
+_egpu_state() {
+	gdirect-reg egpu-info
+}
+
 # Kernel log lines since the last _dmesg_mark.
 _DMESG_MARK=0
 _dmesg_mark() { _DMESG_MARK=$(dmesg | wc -l); }

@@ -2,8 +2,10 @@
 # SPDX-License-Identifier: GPL-2.0
 #
 # `gdirect info` reports what the module says about itself, as text and as
-# JSON that matches the documented schema; with the module absent it says so,
-# explains how to load it, and exits nonzero.
+# JSON that matches the documented schema: the providers it can use now (host
+# and p2pdma here; nvidia only with a GPU driver, see register_nvidia.sh), its
+# counters and limits; with the module absent it says so, explains how to load
+# it, and exits nonzero.
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 
@@ -43,7 +45,7 @@ ktap_print_msg "info: $text"
 _test "info exits 0" _expect_eq "exit status" 0 "$rc"
 text_ok() {
 	echo "$text" | grep -qE '^module +gdirect [0-9]+\.[0-9]+\.[0-9]+ \(ABI 1\) at /dev/gdirect$' &&
-		echo "$text" | grep -qE '^providers +none available \(not available: host, nvidia, p2pdma\)$' &&
+		echo "$text" | grep -qE '^providers +host, p2pdma \(not available: nvidia\)$' &&
 		echo "$text" | grep -qE '^open files +1$'
 }
 _test "text names module version, ABI, providers and open files" text_ok
@@ -59,9 +61,12 @@ schema='
 	(.module.version | test("^[0-9]+\\.[0-9]+\\.[0-9]+$")) and
 	(.module.abi_version == 1) and
 	(.library.abi_version == 1) and (.library.version | type == "string") and
-	(.providers == {"host": false, "nvidia": false, "p2pdma": false}) and
+	(.providers == {"host": true, "nvidia": false, "p2pdma": true}) and
 	(.open_files == 1) and
-	(keys == ["device", "library", "module", "open_files", "providers"])'
+	(.counters == {"file_registrations": 0, "file_pinned_bytes": 0, "registrations": 0,
+	               "pinned_bytes": 0, "revocations": 0}) and
+	(.limits.max_pinned_bytes == 68719476736) and (.limits.max_registrations == 65536) and
+	(keys == ["counters", "device", "library", "limits", "module", "open_files", "providers"])'
 matches_schema() { echo "$json" | jq -e "$schema" >/dev/null; }
 _test "JSON matches the schema and the module's answer" matches_schema
 text_version=$(echo "$text" | sed -n 's/^module *gdirect \([0-9.]*\) .*/\1/p')

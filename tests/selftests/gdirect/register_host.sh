@@ -1,0 +1,37 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# The host provider: a buffer of the calling process is pinned in 4 KiB pages,
+# counted per file and module-wide, and QUERY gives, for a peer device, the DMA
+# address of every page - equal here (no IOMMU) to the page's physical address
+# that /proc/self/pagemap reports. Unregistering returns every counter to zero.
+
+. "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+
+trap _unload_all EXIT
+
+_require_root
+_require_cmd gdirect gdirect-reg jq
+_load_module || ktap_exit_fail_msg "cannot load $GDIRECT_MODULE"
+nvme0=$(_nvme_bdf_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
+
+ktap_print_header
+ktap_set_plan 8
+
+_test "the host provider is reported available" _expect_eq host true "$(_info .providers.host)"
+out=$(gdirect-reg host 1048576 "$nvme0")
+rc=$?
+ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
+_test "registration and query succeed" _expect_eq "exit status" 0 "$rc"
+_test "page size 4096, 256 pages for 1 MiB" _expect_eq pages "4096 256" "$(_kv "$out" page_size) $(_kv "$out" page_count)"
+_test "the file counts one registration of 1 MiB" \
+	_expect_eq "file counters" "1 1048576" "$(_kv "$out" file_registrations) $(_kv "$out" file_pinned_bytes)"
+_test "the peer reaches it as host memory" _expect_eq map_type host_memory "$(_kv "$out" map_type)"
+_test "every page's DMA address is its physical address (pagemap)" _expect_eq pagemap 256/256 "$(_kv "$out" pagemap_match)"
+after=$(echo "$out" | sed -n 's/^after_unregister //p')
+_test "unregister returns the file's counters to zero" \
+	_expect_eq "after" "0 0" "$(_kv "$after" file_registrations) $(_kv "$after" file_pinned_bytes)"
+_test "module-wide counters are zero again" \
+	_expect_eq "module counters" "0 0" "$(_info .counters.registrations) $(_info .counters.pinned_bytes)"
+
+ktap_finished
