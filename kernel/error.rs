@@ -38,3 +38,8 @@ pub(crate) fn unknown_provider() -> Error {
 pub(crate) fn provider_unavailable() -> Error {
     errno(bindings::EOPNOTSUPP)
 }
+
+/// `EBADFD`: the file is not open with `O_DIRECT`.
+pub(crate) fn not_direct() -> Error {
+    errno(bindings::EBADFD)
+}

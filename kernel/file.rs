@@ -52,7 +52,13 @@ use kernel::{
 };
 
 use crate::{
-    error, provider,
+    batch::Batches,
+    error,
+    io::{
+        Dir,
+        Transfer, //
+    },
+    provider,
     region::{
         FileCounters,
         RegShared,
@@ -61,9 +67,16 @@ use crate::{
     stats,
     uapi::{
         self,
+        Cqe,
+        EventfdArgs,
         InfoArgs,
+        IoArgs,
         QueryArgs,
+        ReapArgs,
         RegisterArgs,
+        Sqe,
+        StatsArgs,
+        SubmitArgs,
         UnregisterArgs, //
     },
 };
@@ -82,6 +95,7 @@ pub(crate) struct GdirectFile {
     next_index: Mutex<u32>,
     cookie: u32,
     counters: Arc<FileCounters>,
+    batches: Arc<Batches>,
 }
 
 /// The commands of the ABI, by `_IOC_NR`.
@@ -91,6 +105,12 @@ enum Command {
     Register,
     Unregister,
     Query,
+    Read,
+    Write,
+    Submit,
+    Reap,
+    SetEventfd,
+    GetStats,
 }
 
 impl Command {
@@ -101,6 +121,12 @@ impl Command {
             0x01 => Ok(Self::Register),
             0x02 => Ok(Self::Unregister),
             0x03 => Ok(Self::Query),
+            0x04 => Ok(Self::Read),
+            0x05 => Ok(Self::Write),
+            0x06 => Ok(Self::Submit),
+            0x07 => Ok(Self::Reap),
+            0x08 => Ok(Self::SetEventfd),
+            0x09 => Ok(Self::GetStats),
             _ => Err(ENOTTY),
         }
     }
@@ -112,6 +138,12 @@ impl Command {
             Self::Register => uapi::IOC_REGISTER,
             Self::Unregister => uapi::IOC_UNREGISTER,
             Self::Query => uapi::IOC_QUERY,
+            Self::Read => uapi::IOC_READ,
+            Self::Write => uapi::IOC_WRITE,
+            Self::Submit => uapi::IOC_SUBMIT,
+            Self::Reap => uapi::IOC_REAP,
+            Self::SetEventfd => uapi::IOC_SET_EVENTFD,
+            Self::GetStats => uapi::IOC_GET_STATS,
         }
     }
 }
@@ -129,6 +161,7 @@ impl MiscDevice for GdirectFile {
                 next_index <- new_mutex!(1, "GdirectFile::next_index"),
                 cookie,
                 counters: FileCounters::new()?,
+                batches: Batches::new()?,
             }),
             GFP_KERNEL,
         )?;
@@ -151,6 +184,12 @@ impl MiscDevice for GdirectFile {
             Command::Register => me.register(user),
             Command::Unregister => me.unregister(user),
             Command::Query => me.query(user),
+            Command::Read => me.transfer(user, Dir::Read),
+            Command::Write => me.transfer(user, Dir::Write),
+            Command::Submit => me.submit(user),
+            Command::Reap => me.reap(user),
+            Command::SetEventfd => me.set_eventfd(user),
+            Command::GetStats => get_stats(user),
         }
     }
 
@@ -386,6 +425,145 @@ impl GdirectFile {
         writer.write(&args)?;
         Ok(0)
     }
+}
+
+impl GdirectFile {
+    /// `GDIRECT_IOC_READ` and `GDIRECT_IOC_WRITE`.
+    fn transfer(&self, user: UserSlice, dir: Dir) -> Result<isize> {
+        let (mut reader, mut writer) = user.reader_writer();
+        let mut args: IoArgs = reader.read()?;
+        if args.pad != 0 || args.reserved.iter().any(|&r| r != 0) {
+            return Err(EINVAL);
+        }
+        let reg = self.lookup(args.handle)?;
+        let t = Transfer::new(
+            dir,
+            reg,
+            args.fd,
+            args.buf_offset,
+            args.file_offset,
+            args.len,
+            args.flags,
+        )?;
+        let outcome = t.run().1?;
+        args.bytes = outcome.bytes;
+        args.path = outcome.path;
+        args.reason = outcome.reason;
+        args.result_flags = if outcome.eof { uapi::RESULT_EOF } else { 0 };
+        args.bounce_bytes = outcome.bounce_bytes;
+        writer.write(&args)?;
+        Ok(0)
+    }
+
+    /// The transfer an entry of a batch describes.
+    fn sqe_transfer(&self, sqe: &Sqe) -> Result<Transfer> {
+        if sqe.pad != 0 || sqe.reserved != 0 {
+            return Err(EINVAL);
+        }
+        let dir = match sqe.op {
+            uapi::OP_READ => Dir::Read,
+            uapi::OP_WRITE => Dir::Write,
+            _ => return Err(EINVAL),
+        };
+        let reg = self.lookup(sqe.handle)?;
+        Transfer::new(
+            dir,
+            reg,
+            sqe.fd,
+            sqe.buf_offset,
+            sqe.file_offset,
+            sqe.len,
+            sqe.flags,
+        )
+    }
+
+    /// `GDIRECT_IOC_SUBMIT`.
+    fn submit(&self, user: UserSlice) -> Result<isize> {
+        let (mut reader, mut writer) = user.reader_writer();
+        let mut args: SubmitArgs = reader.read()?;
+        if args.flags != 0 || args.reserved.iter().any(|&r| r != 0) {
+            return Err(EINVAL);
+        }
+        if args.count == 0 || args.count > uapi::BATCH_MAX {
+            return Err(EINVAL);
+        }
+        let size = args.count as usize * core::mem::size_of::<Sqe>();
+        let mut sqes = UserSlice::new(UserPtr::from_addr(args.sqes as usize), size).reader();
+        let max = crate::max_in_flight();
+        let mut submitted = 0;
+        let mut failure = None;
+        while submitted < args.count {
+            let sqe: Sqe = sqes.read()?;
+            match self
+                .sqe_transfer(&sqe)
+                .and_then(|t| self.batches.submit(t, sqe.user_data, max))
+            {
+                Ok(true) => submitted += 1,
+                Ok(false) => break,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        args.submitted = submitted;
+        args.in_flight = self.batches.in_flight();
+        writer.write(&args)?;
+        match failure {
+            Some(e) => Err(e),
+            None if submitted == 0 => Err(EAGAIN),
+            None => Ok(0),
+        }
+    }
+
+    /// `GDIRECT_IOC_REAP`.
+    fn reap(&self, user: UserSlice) -> Result<isize> {
+        let (mut reader, mut writer) = user.reader_writer();
+        let mut args: ReapArgs = reader.read()?;
+        if args.flags & !uapi::REAP_WAIT != 0 || args.reserved.iter().any(|&r| r != 0) {
+            return Err(EINVAL);
+        }
+        let size = args.max as usize * core::mem::size_of::<Cqe>();
+        let mut out = UserSlice::new(UserPtr::from_addr(args.cqes as usize), size).writer();
+        args.reaped = self
+            .batches
+            .reap(args.max, args.flags & uapi::REAP_WAIT != 0, |cqe| {
+                out.write(cqe)
+            })?;
+        args.in_flight = self.batches.in_flight();
+        writer.write(&args)?;
+        Ok(0)
+    }
+
+    /// `GDIRECT_IOC_SET_EVENTFD`.
+    fn set_eventfd(&self, user: UserSlice) -> Result<isize> {
+        let args: EventfdArgs = user.reader().read()?;
+        if args.flags != 0 {
+            return Err(EINVAL);
+        }
+        self.batches.set_eventfd(args.fd)?;
+        Ok(0)
+    }
+}
+
+/// `GDIRECT_IOC_GET_STATS`.
+fn get_stats(user: UserSlice) -> Result<isize> {
+    let (mut reader, mut writer) = user.reader_writer();
+    let args: StatsArgs = reader.read()?;
+    if args.flags != 0 || args.pad != 0 || args.reserved.iter().any(|&r| r != 0) {
+        return Err(EINVAL);
+    }
+    let mut out = StatsArgs::default();
+    for (p, row) in stats::IO.iter().enumerate() {
+        for (d, c) in row.iter().enumerate() {
+            out.io[p][d] = c.snapshot();
+        }
+    }
+    for (o, c) in out.reasons.iter_mut().zip(stats::REASONS.iter()) {
+        *o = c.load(Relaxed);
+    }
+    writer.write(&out)?;
+    Ok(0)
 }
 
 /// The PCI device `domain:bus:devfn`, with a reference; `ENODEV` if there is none.

@@ -13,14 +13,18 @@
 
 use kernel::prelude::*;
 
+mod batch;
+mod bounce;
 mod error;
 mod file;
+mod io;
 mod misc;
 #[allow(
     dead_code,
     reason = "the nv-p2p definitions are shared with the rig's emulated GPU"
 )]
 mod nv_p2p;
+mod path;
 mod provider;
 mod region;
 mod stats;
@@ -45,6 +49,14 @@ module! {
             default: 65536,
             description: "Most registrations one open file may hold (default 65536)",
         },
+        max_in_flight: u32 {
+            default: 128,
+            description: "Most batched transfers one open file may have in flight (default 128)",
+        },
+        bounce_buffers: u32 {
+            default: 32,
+            description: "1 MiB chunks of host memory the bounce path may use (default 32)",
+        },
     },
 }
 
@@ -56,23 +68,46 @@ pub(crate) fn limits() -> (u64, u32) {
     )
 }
 
+/// The per-file limit on batched transfers in flight (module parameter).
+pub(crate) fn max_in_flight() -> u32 {
+    (*module_parameters::max_in_flight.value()).max(1)
+}
+
 /// The module version, `major.minor.patch`, reported by `GET_INFO`.
 pub(crate) const VERSION: (u32, u32, u32) = (0, 1, 0);
 
 /// The mode of `/dev/gdirect`: the owner and its group may use the device.
 const DEVICE_MODE: u16 = 0o660;
 
+/// Teardown runs in field order: no new file can be opened, then the batched transfers are
+/// drained, then the counters and the bounce pool go.
 #[pin_data]
 struct GdirectModule {
     #[pin]
-    _debugfs: stats::Debugfs,
-    #[pin]
     _device: OwnedMiscDevice<GdirectFile>,
+    _io_queue: batch::IoQueue,
+    #[pin]
+    _debugfs: stats::Debugfs,
+    _bounce: BouncePool,
+}
+
+/// Owns the bounce pool for the module's lifetime.
+struct BouncePool;
+
+impl Drop for BouncePool {
+    fn drop(&mut self) {
+        bounce::exit();
+    }
 }
 
 impl kernel::InPlaceModule for GdirectModule {
     fn init(module: &'static ThisModule) -> impl PinInit<Self, Error> {
         try_pin_init!(Self {
+            _bounce: {
+                bounce::init(*module_parameters::bounce_buffers.value())?;
+                BouncePool
+            },
+            _io_queue: batch::IoQueue::new(512)?,
             _debugfs <- stats::Debugfs::new(),
             _device <- OwnedMiscDevice::register(c"gdirect", DEVICE_MODE, module),
         })

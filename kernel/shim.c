@@ -4,10 +4,13 @@
  * No logic lives here: it is all in the Rust files. Pointer arguments that
  * Rust passes as void * are the types named in each comment.
  */
+#include <linux/blkdev.h>
 #include <linux/dma-mapping.h>
+#include <linux/fs.h>
 #include <linux/mm.h>
 #include <linux/pci.h>
 #include <linux/pci-p2pdma.h>
+#include <linux/workqueue.h>
 
 struct pci_dev *gdirect_pci_upstream_bridge(struct pci_dev *dev);
 struct pci_dev *gdirect_pci_upstream_bridge(struct pci_dev *dev)
@@ -39,4 +42,42 @@ int gdirect_pci_domain_nr(void *bus);
 int gdirect_pci_domain_nr(void *bus)
 {
 	return pci_domain_nr(bus);
+}
+
+/* kiocb: struct kiocb *, file: struct file * */
+void gdirect_init_sync_kiocb(void *kiocb, void *file);
+void gdirect_init_sync_kiocb(void *kiocb, void *file)
+{
+	init_sync_kiocb(kiocb, file);
+}
+
+/* q: struct request_queue * */
+bool gdirect_blk_queue_pci_p2pdma(void *q);
+bool gdirect_blk_queue_pci_p2pdma(void *q)
+{
+	return blk_queue_pci_p2pdma((struct request_queue *)q);
+}
+
+int gdirect_pfn_valid(unsigned long pfn);
+int gdirect_pfn_valid(unsigned long pfn)
+{
+	return pfn_valid(pfn);
+}
+
+struct page *gdirect_pfn_to_page(unsigned long pfn);
+struct page *gdirect_pfn_to_page(unsigned long pfn)
+{
+	return pfn_to_page(pfn);
+}
+
+void *gdirect_page_address(struct page *page);
+void *gdirect_page_address(struct page *page)
+{
+	return page_address(page);
+}
+
+struct workqueue_struct *gdirect_alloc_workqueue(const char *name, int max_active);
+struct workqueue_struct *gdirect_alloc_workqueue(const char *name, int max_active)
+{
+	return alloc_workqueue("%s", WQ_UNBOUND, max_active, name);
 }

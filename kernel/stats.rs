@@ -2,7 +2,8 @@
 
 // Copyright (C) 2026 The gdirect authors.
 
-//! Module-wide counters, reported by `GET_INFO` and in debugfs (`gdirect/counters`).
+//! Module-wide counters: registrations (`GET_INFO`, debugfs `gdirect/counters`) and I/O by path
+//! and direction with latency histograms (`GET_STATS`, debugfs `gdirect/stats`).
 //!
 //! Counters are plain atomics updated where the event happens; per-file counters live in
 //! [`crate::region::FileCounters`].
@@ -17,7 +18,13 @@ use kernel::{
     },
 };
 
-use crate::uapi;
+use crate::{
+    io::{
+        Dir,
+        Outcome, //
+    },
+    uapi,
+};
 
 /// Live registrations, all files.
 pub(crate) static REGISTRATIONS: Atomic<u64> = Atomic::new(0);
@@ -28,6 +35,119 @@ pub(crate) static REVOCATIONS: Atomic<u64> = Atomic::new(0);
 /// Live registrations per provider.
 pub(crate) static BY_PROVIDER: [Atomic<u64>; uapi::PROVIDER_COUNT as usize] =
     [Atomic::new(0), Atomic::new(0), Atomic::new(0)];
+
+/// The counters of one path and direction (`struct gdirect_io_stats`).
+pub(crate) struct IoCounters {
+    ops: Atomic<u64>,
+    bytes: Atomic<u64>,
+    errors: Atomic<u64>,
+    bounce_bytes: Atomic<u64>,
+    latency_us_log2: [Atomic<u64>; uapi::LATENCY_BUCKETS as usize],
+}
+
+impl IoCounters {
+    const fn new() -> Self {
+        Self {
+            ops: Atomic::new(0),
+            bytes: Atomic::new(0),
+            errors: Atomic::new(0),
+            bounce_bytes: Atomic::new(0),
+            latency_us_log2: [const { Atomic::new(0) }; uapi::LATENCY_BUCKETS as usize],
+        }
+    }
+
+    /// A snapshot, as `GET_STATS` reports it.
+    pub(crate) fn snapshot(&self) -> uapi::IoStats {
+        let mut s = uapi::IoStats {
+            ops: self.ops.load(Relaxed),
+            bytes: self.bytes.load(Relaxed),
+            errors: self.errors.load(Relaxed),
+            bounce_bytes: self.bounce_bytes.load(Relaxed),
+            ..Default::default()
+        };
+        for (out, c) in s
+            .latency_us_log2
+            .iter_mut()
+            .zip(self.latency_us_log2.iter())
+        {
+            *out = c.load(Relaxed);
+        }
+        s
+    }
+}
+
+/// I/O counters by `[path][direction]`.
+pub(crate) static IO: [[IoCounters; 2]; uapi::PATH_COUNT as usize] =
+    [const { [IoCounters::new(), IoCounters::new()] }; 3];
+/// Transfers by path reason.
+pub(crate) static REASONS: [Atomic<u64>; uapi::REASON_COUNT as usize] =
+    [const { Atomic::new(0) }; 6];
+
+/// The latency bucket of a transfer that took `ns` nanoseconds.
+fn bucket(ns: i64) -> usize {
+    let us = (ns.max(0) as u64) / 1000;
+    if us == 0 {
+        return 0;
+    }
+    ((63 - us.leading_zeros()) as usize).min(uapi::LATENCY_BUCKETS as usize - 1)
+}
+
+/// Records a finished transfer.
+pub(crate) fn record_io(path: u32, dir: Dir, reason: u32, result: &Result<Outcome>, ns: i64) {
+    let c = &IO[path as usize % IO.len()][dir.index()];
+    c.ops.fetch_add(1, Relaxed);
+    match result {
+        Ok(o) => {
+            c.bytes.fetch_add(o.bytes, Relaxed);
+            c.bounce_bytes.fetch_add(o.bounce_bytes, Relaxed);
+        }
+        Err(_) => {
+            c.errors.fetch_add(1, Relaxed);
+        }
+    }
+    c.latency_us_log2[bucket(ns)].fetch_add(1, Relaxed);
+    if let Some(r) = REASONS.get(reason as usize) {
+        r.fetch_add(1, Relaxed);
+    }
+}
+
+/// The path names, as the CLI spells them.
+pub(crate) const PATH_NAMES: [&str; uapi::PATH_COUNT as usize] = ["p2p", "bounce", "host"];
+/// The reason names, as the CLI spells them.
+pub(crate) const REASON_NAMES: [&str; uapi::REASON_COUNT as usize] = [
+    "none",
+    "forced",
+    "queue_no_p2p",
+    "distance",
+    "no_pages",
+    "no_dma_device",
+];
+
+fn write_stats(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    writeln!(
+        f,
+        "path dir ops bytes errors bounce_bytes latency_us_log2[0..{}]",
+        uapi::LATENCY_BUCKETS
+    )?;
+    for (p, name) in PATH_NAMES.iter().enumerate() {
+        for (d, dir) in ["read", "write"].iter().enumerate() {
+            let s = IO[p][d].snapshot();
+            write!(
+                f,
+                "{name} {dir} {} {} {} {}",
+                s.ops, s.bytes, s.errors, s.bounce_bytes
+            )?;
+            for b in s.latency_us_log2 {
+                write!(f, " {b}")?;
+            }
+            writeln!(f)?;
+        }
+    }
+    for (name, count) in REASON_NAMES.iter().zip(REASONS.iter()) {
+        writeln!(f, "reason {name} {}", count.load(Relaxed))?;
+    }
+    Ok(())
+}
 
 /// The provider names, as the CLI spells them.
 pub(crate) const PROVIDER_NAMES: [&str; uapi::PROVIDER_COUNT as usize] =
@@ -50,6 +170,8 @@ fn write_counters(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
 pub(crate) struct Debugfs {
     #[pin]
     counters: debugfs::File<()>,
+    #[pin]
+    stats: debugfs::File<()>,
     dir: debugfs::Dir,
 }
 
@@ -58,6 +180,7 @@ impl Debugfs {
         let dir = debugfs::Dir::new(c"gdirect");
         pin_init!(Self {
             counters <- dir.read_callback_file(c"counters", (), &write_counters),
+            stats <- dir.read_callback_file(c"stats", (), &write_stats),
             dir,
         })
     }

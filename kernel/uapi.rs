@@ -51,6 +51,33 @@ pub(crate) const MAP_THRU_HOST_BRIDGE: u32 = 2;
 /// `GDIRECT_MAP_HOST_MEMORY`.
 pub(crate) const MAP_HOST_MEMORY: u32 = 3;
 
+// The GDIRECT_PATH_* and GDIRECT_REASON_* values are in `path.rs`, which the userspace tests
+// include and check against the header.
+
+/// `GDIRECT_PATH_COUNT`.
+pub(crate) const PATH_COUNT: u32 = 3;
+
+/// `GDIRECT_REASON_COUNT`.
+pub(crate) const REASON_COUNT: u32 = 6;
+
+/// `GDIRECT_IO_FORCE_BOUNCE`.
+pub(crate) const IO_FORCE_BOUNCE: u32 = 1;
+/// `GDIRECT_IO_FLAGS`.
+pub(crate) const IO_FLAGS: u32 = 1;
+/// `GDIRECT_RESULT_EOF`.
+pub(crate) const RESULT_EOF: u32 = 1;
+
+/// `GDIRECT_BATCH_MAX`.
+pub(crate) const BATCH_MAX: u32 = 256;
+/// `GDIRECT_OP_READ`.
+pub(crate) const OP_READ: u32 = 0;
+/// `GDIRECT_OP_WRITE`.
+pub(crate) const OP_WRITE: u32 = 1;
+/// `GDIRECT_REAP_WAIT`.
+pub(crate) const REAP_WAIT: u32 = 1;
+/// `GDIRECT_LATENCY_BUCKETS`.
+pub(crate) const LATENCY_BUCKETS: u32 = 20;
+
 /// Declares a `#[repr(C)]` mirror of a uapi struct with compile-time layout checks.
 macro_rules! uapi_struct {
     (
@@ -147,6 +174,108 @@ uapi_struct! {
     }
 }
 
+uapi_struct! {
+    /// Arguments of `GDIRECT_IOC_READ` and `GDIRECT_IOC_WRITE`.
+    pub(crate) struct IoArgs: gdirect_io_args, size 88 {
+        handle @ 0: u64,
+        buf_offset @ 8: u64,
+        file_offset @ 16: u64,
+        len @ 24: u64,
+        fd @ 32: i32,
+        flags @ 36: u32,
+        bytes @ 40: u64,
+        path @ 48: u32,
+        reason @ 52: u32,
+        result_flags @ 56: u32,
+        pad @ 60: u32,
+        bounce_bytes @ 64: u64,
+        reserved @ 72: [u64; 2],
+    }
+}
+
+uapi_struct! {
+    /// One transfer of a batch.
+    pub(crate) struct Sqe: gdirect_sqe, size 64 {
+        op @ 0: u32,
+        flags @ 4: u32,
+        handle @ 8: u64,
+        buf_offset @ 16: u64,
+        file_offset @ 24: u64,
+        len @ 32: u64,
+        fd @ 40: i32,
+        pad @ 44: u32,
+        user_data @ 48: u64,
+        reserved @ 56: u64,
+    }
+}
+
+uapi_struct! {
+    /// The completion of one transfer.
+    pub(crate) struct Cqe: gdirect_cqe, size 40 {
+        user_data @ 0: u64,
+        result @ 8: i64,
+        path @ 16: u32,
+        reason @ 20: u32,
+        result_flags @ 24: u32,
+        pad @ 28: u32,
+        bounce_bytes @ 32: u64,
+    }
+}
+
+uapi_struct! {
+    /// Arguments of `GDIRECT_IOC_SUBMIT`.
+    pub(crate) struct SubmitArgs: gdirect_submit_args, size 40 {
+        sqes @ 0: u64,
+        count @ 8: u32,
+        flags @ 12: u32,
+        submitted @ 16: u32,
+        in_flight @ 20: u32,
+        reserved @ 24: [u64; 2],
+    }
+}
+
+uapi_struct! {
+    /// Arguments of `GDIRECT_IOC_REAP`.
+    pub(crate) struct ReapArgs: gdirect_reap_args, size 40 {
+        cqes @ 0: u64,
+        max @ 8: u32,
+        flags @ 12: u32,
+        reaped @ 16: u32,
+        in_flight @ 20: u32,
+        reserved @ 24: [u64; 2],
+    }
+}
+
+uapi_struct! {
+    /// Arguments of `GDIRECT_IOC_SET_EVENTFD`.
+    pub(crate) struct EventfdArgs: gdirect_eventfd_args, size 8 {
+        fd @ 0: i32,
+        flags @ 4: u32,
+    }
+}
+
+uapi_struct! {
+    /// The counters of one path and direction.
+    pub(crate) struct IoStats: gdirect_io_stats, size 192 {
+        ops @ 0: u64,
+        bytes @ 8: u64,
+        errors @ 16: u64,
+        bounce_bytes @ 24: u64,
+        latency_us_log2 @ 32: [u64; 20],
+    }
+}
+
+uapi_struct! {
+    /// Arguments of `GDIRECT_IOC_GET_STATS`.
+    pub(crate) struct StatsArgs: gdirect_stats_args, size 1224 {
+        flags @ 0: u32,
+        pad @ 4: u32,
+        io @ 8: [[IoStats; 2]; 3],
+        reasons @ 1160: [u64; 6],
+        reserved @ 1208: [u64; 2],
+    }
+}
+
 /// `GDIRECT_IOC_GET_INFO`.
 pub(crate) const IOC_GET_INFO: u32 = _IOWR::<InfoArgs>(IOC_MAGIC, 0x00);
 /// `GDIRECT_IOC_REGISTER`.
@@ -155,3 +284,15 @@ pub(crate) const IOC_REGISTER: u32 = _IOWR::<RegisterArgs>(IOC_MAGIC, 0x01);
 pub(crate) const IOC_UNREGISTER: u32 = _IOW::<UnregisterArgs>(IOC_MAGIC, 0x02);
 /// `GDIRECT_IOC_QUERY`.
 pub(crate) const IOC_QUERY: u32 = _IOWR::<QueryArgs>(IOC_MAGIC, 0x03);
+/// `GDIRECT_IOC_READ`.
+pub(crate) const IOC_READ: u32 = _IOWR::<IoArgs>(IOC_MAGIC, 0x04);
+/// `GDIRECT_IOC_WRITE`.
+pub(crate) const IOC_WRITE: u32 = _IOWR::<IoArgs>(IOC_MAGIC, 0x05);
+/// `GDIRECT_IOC_SUBMIT`.
+pub(crate) const IOC_SUBMIT: u32 = _IOWR::<SubmitArgs>(IOC_MAGIC, 0x06);
+/// `GDIRECT_IOC_REAP`.
+pub(crate) const IOC_REAP: u32 = _IOWR::<ReapArgs>(IOC_MAGIC, 0x07);
+/// `GDIRECT_IOC_SET_EVENTFD`.
+pub(crate) const IOC_SET_EVENTFD: u32 = _IOW::<EventfdArgs>(IOC_MAGIC, 0x08);
+/// `GDIRECT_IOC_GET_STATS`.
+pub(crate) const IOC_GET_STATS: u32 = _IOWR::<StatsArgs>(IOC_MAGIC, 0x09);

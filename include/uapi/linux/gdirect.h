@@ -224,4 +224,211 @@ struct gdirect_query_args {
 
 #define GDIRECT_IOC_QUERY _IOWR(GDIRECT_IOC_MAGIC, 0x03, struct gdirect_query_args)
 
+/*
+ * I/O between files and registered memory.
+ *
+ * The caller opens the file itself with O_DIRECT (a raw NVMe namespace, or a
+ * file on ext4, xfs or any file system with direct I/O): every permission check
+ * is the file system's, made at open. The module reads into, or writes from,
+ * [buf_offset, buf_offset + len) of a registration with the file's own direct
+ * I/O (read_iter/write_iter over bvecs of the registration's pages), and
+ * reports for every request the path the bytes took and why.
+ *
+ * Errors of READ, WRITE and of each batch entry, each with one meaning (plus
+ * the registration errors ENOENT, ESTALE, EPERM and ENOLINK above):
+ *
+ *  EINVAL      zero length, unknown flag bits, nonzero reserved fields.
+ *  EBADF       fd is not an open file, or not open for reading (READ) or
+ *              writing (WRITE).
+ *  EBADFD      fd is not open with O_DIRECT.
+ *  ERANGE      file_offset, buf_offset or len is not a multiple of the logical
+ *              block size of the file's block device.
+ *  EOVERFLOW   buf_offset + len is past the end of the registration.
+ *  ENOTBLK     the file is not on a block device (no direct I/O to route).
+ *  EIO and the other errors of the file's read_iter/write_iter, passed on.
+ *
+ * A read that reaches the end of the file is short: bytes < len, and
+ * GDIRECT_RESULT_EOF is set. Holes read as zeros.
+ */
+
+/* Where the bytes went. */
+enum gdirect_path {
+	/* DMA between the storage and the device memory, peer to peer. */
+	GDIRECT_PATH_P2P = 0,
+	/* Through a bounded pool of host pages, copied to or from the memory by the CPU. */
+	GDIRECT_PATH_BOUNCE = 1,
+	/* The memory is host memory: DMA to it directly. */
+	GDIRECT_PATH_HOST = 2,
+	GDIRECT_PATH_COUNT = 3,
+};
+
+/* Why a request took its path (GDIRECT_REASON_NONE for P2P and host). */
+enum gdirect_path_reason {
+	GDIRECT_REASON_NONE = 0,
+	/* GDIRECT_IO_FORCE_BOUNCE was set. */
+	GDIRECT_REASON_FORCED = 1,
+	/* The file's block queue does not accept P2P pages (no BLK_FEAT_PCI_P2PDMA). */
+	GDIRECT_REASON_QUEUE_NO_P2P = 2,
+	/* The storage's DMA device cannot reach the memory peer to peer (PCI distance). */
+	GDIRECT_REASON_DISTANCE = 3,
+	/* The provider's memory has no struct pages the block layer can use. */
+	GDIRECT_REASON_NO_PAGES = 4,
+	/* The storage's DMA device is not a PCI device the module can find. */
+	GDIRECT_REASON_NO_DMA_DEVICE = 5,
+	GDIRECT_REASON_COUNT = 6,
+};
+
+/* READ/WRITE and batch entry flags */
+/* Take the bounce path whatever the hardware allows (for tests and comparisons). */
+#define GDIRECT_IO_FORCE_BOUNCE (1U << 0)
+#define GDIRECT_IO_FLAGS (GDIRECT_IO_FORCE_BOUNCE)
+
+/* Result flags */
+/* The read reached the end of the file: bytes < len. */
+#define GDIRECT_RESULT_EOF (1U << 0)
+
+/*
+ * GDIRECT_IOC_READ, GDIRECT_IOC_WRITE: one synchronous transfer between the
+ * file at file_offset and the registration at buf_offset.
+ */
+struct gdirect_io_args {
+	/* in */
+	__u64 handle;
+	__u64 buf_offset;
+	__u64 file_offset;
+	__u64 len;
+	__s32 fd;
+	__u32 flags; /* GDIRECT_IO_* */
+	/* out */
+	__u64 bytes; /* transferred */
+	__u32 path; /* enum gdirect_path */
+	__u32 reason; /* enum gdirect_path_reason */
+	__u32 result_flags; /* GDIRECT_RESULT_* */
+	__u32 pad; /* must be 0 */
+	__u64 bounce_bytes; /* bytes that went through host memory */
+	/* in, must be 0 */
+	__u64 reserved[2];
+};
+
+#define GDIRECT_IOC_READ _IOWR(GDIRECT_IOC_MAGIC, 0x04, struct gdirect_io_args)
+#define GDIRECT_IOC_WRITE _IOWR(GDIRECT_IOC_MAGIC, 0x05, struct gdirect_io_args)
+
+/*
+ * Batches: SUBMIT queues up to GDIRECT_BATCH_MAX transfers, which run
+ * concurrently on the module's workqueue; REAP collects their completions.
+ *
+ * In flight are the transfers submitted and not yet reaped; a file may have at
+ * most max_in_flight of them (module parameter, default 128). SUBMIT queues
+ * entries in order until one is malformed (its index is reported in
+ * `submitted`, and the call fails with that entry's errno) or the limit is
+ * reached (the call succeeds with submitted < count; it fails with EAGAIN only
+ * when nothing could be queued). Errors of a transfer itself (EIO, ENOLINK, ...)
+ * are reported in its completion.
+ *
+ * Notification: an eventfd registered with SET_EVENTFD is signalled once per
+ * completion, so an event loop (epoll, io_uring, tokio) waits on it; REAP with
+ * GDIRECT_REAP_WAIT blocks instead. An eventfd rather than poll() on the device:
+ * it needs no file_operations hook (the kernel's Rust misc device has none for
+ * poll), one eventfd can serve several device files, and it is what io_uring
+ * and the GPU APIs (CUDA, Vulkan external semaphores) already wait on.
+ */
+#define GDIRECT_BATCH_MAX 256
+
+enum gdirect_op {
+	GDIRECT_OP_READ = 0,
+	GDIRECT_OP_WRITE = 1,
+};
+
+/* One transfer of a batch: the fields of gdirect_io_args, and the caller's tag. */
+struct gdirect_sqe {
+	__u32 op; /* enum gdirect_op */
+	__u32 flags; /* GDIRECT_IO_* */
+	__u64 handle;
+	__u64 buf_offset;
+	__u64 file_offset;
+	__u64 len;
+	__s32 fd;
+	__u32 pad; /* must be 0 */
+	__u64 user_data; /* returned in the completion */
+	__u64 reserved; /* must be 0 */
+};
+
+/* The completion of one transfer. */
+struct gdirect_cqe {
+	__u64 user_data;
+	__s64 result; /* bytes transferred, or -errno */
+	__u32 path; /* enum gdirect_path */
+	__u32 reason; /* enum gdirect_path_reason */
+	__u32 result_flags; /* GDIRECT_RESULT_* */
+	__u32 pad;
+	__u64 bounce_bytes;
+};
+
+struct gdirect_submit_args {
+	/* in */
+	__u64 sqes; /* user pointer to struct gdirect_sqe[count] */
+	__u32 count; /* 1 to GDIRECT_BATCH_MAX */
+	__u32 flags; /* must be 0 */
+	/* out */
+	__u32 submitted; /* entries queued (on error: the index of the bad entry) */
+	__u32 in_flight; /* this file's transfers in flight after the call */
+	/* in, must be 0 */
+	__u64 reserved[2];
+};
+
+/* REAP flags */
+/* Block (interruptibly) until at least one completion is there. */
+#define GDIRECT_REAP_WAIT (1U << 0)
+
+struct gdirect_reap_args {
+	/* in */
+	__u64 cqes; /* user pointer to struct gdirect_cqe[max] */
+	__u32 max;
+	__u32 flags; /* GDIRECT_REAP_* */
+	/* out */
+	__u32 reaped;
+	__u32 in_flight; /* this file's transfers in flight after the call */
+	/* in, must be 0 */
+	__u64 reserved[2];
+};
+
+struct gdirect_eventfd_args {
+	/* in */
+	__s32 fd; /* an eventfd, or -1 to stop signalling */
+	__u32 flags; /* must be 0 */
+};
+
+#define GDIRECT_IOC_SUBMIT _IOWR(GDIRECT_IOC_MAGIC, 0x06, struct gdirect_submit_args)
+#define GDIRECT_IOC_REAP _IOWR(GDIRECT_IOC_MAGIC, 0x07, struct gdirect_reap_args)
+#define GDIRECT_IOC_SET_EVENTFD _IOW(GDIRECT_IOC_MAGIC, 0x08, struct gdirect_eventfd_args)
+
+/*
+ * GDIRECT_IOC_GET_STATS: the module's I/O counters since load, per path and
+ * direction, with a latency histogram: bucket i counts transfers that took
+ * [2^i, 2^(i+1)) microseconds (bucket 0 also those under 1 us, the last one
+ * everything longer).
+ */
+#define GDIRECT_LATENCY_BUCKETS 20
+
+struct gdirect_io_stats {
+	__u64 ops; /* completed transfers, errors included */
+	__u64 bytes; /* bytes transferred */
+	__u64 errors; /* transfers that failed */
+	__u64 bounce_bytes; /* bytes that went through host memory */
+	__u64 latency_us_log2[GDIRECT_LATENCY_BUCKETS];
+};
+
+struct gdirect_stats_args {
+	/* in */
+	__u32 flags; /* must be 0 */
+	__u32 pad; /* must be 0 */
+	/* out: [path][direction], direction 0 = read, 1 = write */
+	struct gdirect_io_stats io[GDIRECT_PATH_COUNT][2];
+	__u64 reasons[GDIRECT_REASON_COUNT]; /* transfers by reason */
+	/* in, must be 0 */
+	__u64 reserved[2];
+};
+
+#define GDIRECT_IOC_GET_STATS _IOWR(GDIRECT_IOC_MAGIC, 0x09, struct gdirect_stats_args)
+
 #endif /* _UAPI_LINUX_GDIRECT_H */

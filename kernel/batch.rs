@@ -1,0 +1,256 @@
+// SPDX-License-Identifier: GPL-2.0
+
+// Copyright (C) 2026 The gdirect authors.
+
+//! Batches: transfers submitted together, run concurrently on the module's workqueue, and
+//! completed into a per-file queue that `REAP` empties.
+//!
+//! Each open file has one [`Batches`], shared with its transfers in flight, so that a transfer
+//! can complete after the file is closed (its completion is then simply dropped). Transfers run
+//! synchronously, each on a worker of the module's own unbound workqueue ([`IoQueue`]), which
+//! the module destroys at unload: that drains every transfer before the module's code goes.
+//!
+//! Notification: an eventfd the caller registers is signalled once per completion; see the
+//! uapi header for why an eventfd rather than `poll()`.
+
+use core::{
+    ffi::c_void,
+    ptr::NonNull, //
+};
+use kernel::{
+    bindings, new_condvar, new_mutex,
+    prelude::*,
+    sync::{
+        Arc,
+        CondVar,
+        Mutex, //
+    },
+    workqueue::Queue,
+};
+
+use crate::{
+    io::Transfer,
+    uapi::Cqe, //
+};
+
+unsafe extern "C" {
+    /// `alloc_workqueue()` (a macro in C; `shim.c`).
+    fn gdirect_alloc_workqueue(name: *const u8, max_active: i32)
+        -> *mut bindings::workqueue_struct;
+}
+
+kernel::sync::global_lock! {
+    // SAFETY: `IoQueue::new` initializes it from the module's init before any file is opened.
+    unsafe(uninit) static QUEUE: Mutex<Option<IoQueuePtr>> = None;
+}
+
+/// The workqueue pointer, shared with the transfers.
+struct IoQueuePtr(NonNull<bindings::workqueue_struct>);
+// SAFETY: a workqueue may be used from any thread.
+unsafe impl Send for IoQueuePtr {}
+
+/// The module's workqueue for batched transfers; destroying it drains them.
+///
+/// # Invariants
+///
+/// `QUEUE` holds the workqueue this value created, until this value is dropped.
+pub(crate) struct IoQueue(());
+
+impl IoQueue {
+    /// Creates the workqueue, with room for `max_active` transfers at once.
+    pub(crate) fn new(max_active: u32) -> Result<Self> {
+        // SAFETY: called once, from the module's init, before anything uses `QUEUE`.
+        unsafe { QUEUE.init() };
+        // SAFETY: a static, NUL-terminated name; the flags and limit are valid.
+        let wq = unsafe {
+            gdirect_alloc_workqueue(
+                c"gdirect_io".as_ptr().cast(),
+                max_active.clamp(1, 512) as i32,
+            )
+        };
+        let wq = NonNull::new(wq).ok_or(ENOMEM)?;
+        // INVARIANT: stored here, taken out only in `Drop`.
+        *QUEUE.lock() = Some(IoQueuePtr(wq));
+        Ok(Self(()))
+    }
+}
+
+impl Drop for IoQueue {
+    fn drop(&mut self) {
+        if let Some(wq) = QUEUE.lock().take() {
+            // SAFETY: the workqueue made in `new`; no file is open (each holds a module
+            // reference), so nothing queues work any more. This waits for the queued transfers.
+            unsafe { bindings::destroy_workqueue(wq.0.as_ptr()) };
+        }
+    }
+}
+
+/// Queues `f` on the module's workqueue.
+fn spawn(f: impl FnOnce() + Send + 'static) -> Result {
+    let queue = QUEUE.lock();
+    let wq = queue.as_ref().ok_or(ENODEV)?;
+    // SAFETY: the workqueue is valid while `QUEUE` holds it, and we hold `QUEUE`'s lock.
+    let q = unsafe { Queue::from_raw(wq.0.as_ptr()) };
+    q.try_spawn(GFP_KERNEL, f).map_err(|_| ENOMEM)
+}
+
+/// A registered eventfd, released when dropped.
+struct EventFd(NonNull<c_void>);
+// SAFETY: an eventfd context may be signalled and released from any thread.
+unsafe impl Send for EventFd {}
+
+impl EventFd {
+    fn get(fd: i32) -> Result<Self> {
+        // SAFETY: any fd value is checked by the kernel.
+        let ctx = unsafe { bindings::eventfd_ctx_fdget(fd) };
+        let addr = ctx as isize;
+        if (-4095..0).contains(&addr) {
+            return Err(Error::from_errno(addr as i32));
+        }
+        Ok(Self(NonNull::new(ctx.cast()).ok_or(EBADF)?))
+    }
+
+    fn signal(&self) {
+        // SAFETY: the context is referenced by `self`.
+        unsafe { bindings::eventfd_signal_mask(self.0.as_ptr().cast(), 0) };
+    }
+}
+
+impl Drop for EventFd {
+    fn drop(&mut self) {
+        // SAFETY: the reference `eventfd_ctx_fdget` took.
+        unsafe { bindings::eventfd_ctx_put(self.0.as_ptr().cast()) };
+    }
+}
+
+struct BatchInner {
+    /// Completions not yet reaped; room for one per transfer in flight is reserved at submit.
+    done: KVec<Cqe>,
+    /// Transfers submitted and not yet reaped.
+    in_flight: u32,
+    eventfd: Option<EventFd>,
+}
+
+/// The batch state of one open file.
+#[pin_data]
+pub(crate) struct Batches {
+    #[pin]
+    inner: Mutex<BatchInner>,
+    #[pin]
+    completed: CondVar,
+}
+
+impl Batches {
+    pub(crate) fn new() -> Result<Arc<Self>> {
+        Arc::pin_init(
+            pin_init!(Self {
+                inner <- new_mutex!(BatchInner { done: KVec::new(), in_flight: 0, eventfd: None }, "Batches::inner"),
+                completed <- new_condvar!("Batches::completed"),
+            }),
+            GFP_KERNEL,
+        )
+    }
+
+    /// Transfers in flight.
+    pub(crate) fn in_flight(&self) -> u32 {
+        self.inner.lock().in_flight
+    }
+
+    /// Queues `transfer`, unless `max_in_flight` are in flight already (`Ok(false)`).
+    pub(crate) fn submit(
+        self: &Arc<Self>,
+        transfer: Transfer,
+        user_data: u64,
+        max_in_flight: u32,
+    ) -> Result<bool> {
+        {
+            let mut inner = self.inner.lock();
+            if inner.in_flight >= max_in_flight {
+                return Ok(false);
+            }
+            let want = inner.in_flight as usize + 1;
+            if inner.done.capacity() < want {
+                let more = want - inner.done.len();
+                inner.done.reserve(more, GFP_KERNEL)?;
+            }
+            inner.in_flight += 1;
+        }
+        let me = self.clone();
+        if let Err(e) = spawn(move || {
+            let (path, result) = transfer.run();
+            me.complete(user_data, path, result);
+        }) {
+            self.inner.lock().in_flight -= 1;
+            return Err(e);
+        }
+        Ok(true)
+    }
+
+    fn complete(&self, user_data: u64, path: u32, result: Result<crate::io::Outcome>) {
+        let cqe = match result {
+            Ok(o) => Cqe {
+                user_data,
+                result: o.bytes as i64,
+                path: o.path,
+                reason: o.reason,
+                result_flags: if o.eof { crate::uapi::RESULT_EOF } else { 0 },
+                pad: 0,
+                bounce_bytes: o.bounce_bytes,
+            },
+            Err(e) => Cqe {
+                user_data,
+                result: i64::from(e.to_errno()),
+                path,
+                ..Cqe::default()
+            },
+        };
+        let mut inner = self.inner.lock();
+        // Cannot fail: room was reserved at submit.
+        let _ = inner.done.push_within_capacity(cqe);
+        if let Some(efd) = &inner.eventfd {
+            efd.signal();
+        }
+        drop(inner);
+        self.completed.notify_all();
+    }
+
+    /// Moves up to `max` completions to `write` (in completion order); with `wait`, first
+    /// waits for one. Returns how many were reaped.
+    pub(crate) fn reap(
+        &self,
+        max: u32,
+        wait: bool,
+        mut write: impl FnMut(&Cqe) -> Result,
+    ) -> Result<u32> {
+        let mut inner = self.inner.lock();
+        while wait && inner.done.is_empty() && inner.in_flight > 0 {
+            if self.completed.wait_interruptible(&mut inner) {
+                return Err(ERESTARTSYS);
+            }
+        }
+        let n = inner.done.len().min(max as usize);
+        for cqe in &inner.done[..n] {
+            // A fault leaves the completions queued for the next REAP.
+            write(cqe)?;
+        }
+        let rest = inner.done.len() - n;
+        for i in 0..rest {
+            inner.done[i] = inner.done[n + i];
+        }
+        inner.done.truncate(rest);
+        inner.in_flight -= n as u32;
+        Ok(n as u32)
+    }
+
+    /// Signals `fd` (an eventfd) on every completion from now on; `-1` stops.
+    pub(crate) fn set_eventfd(&self, fd: i32) -> Result {
+        let efd = if fd == -1 {
+            None
+        } else {
+            Some(EventFd::get(fd)?)
+        };
+        let old = core::mem::replace(&mut self.inner.lock().eventfd, efd);
+        drop(old);
+        Ok(())
+    }
+}

@@ -1,0 +1,437 @@
+// SPDX-License-Identifier: GPL-2.0
+
+// Copyright (C) 2026 The gdirect authors.
+
+//! Transfers between files and registered memory: the data path.
+//!
+//! A [`Transfer`] reads from a file into a registration or writes from one into a file, through
+//! the file's own direct I/O (`vfs_iocb_iter_read`/`_write` over a bvec iterator), so that raw
+//! namespaces and file systems alike work, holes read as zeros, and every permission check is
+//! the file system's (made when the caller opened the file with `O_DIRECT`).
+//!
+//! Before anything is submitted the path is decided from facts (`path.rs`): the block queue's
+//! `BLK_FEAT_PCI_P2PDMA` (the block layer does not check kernel-built bvecs itself), whether the
+//! memory has P2P pages, and the PCI reach from the storage's DMA device to the memory. P2P and
+//! host transfers DMA straight into the registration's pages; bounce transfers go through the
+//! module's pool of host pages (`bounce.rs`) and a CPU copy.
+//!
+//! A transfer holds a use of the registration's pages (`region::UseGuard`) for as long as DMA
+//! or a copy may touch them, so a revocation waits for it and nothing is written into memory
+//! after its revocation returns.
+
+use core::ffi::c_void;
+use kernel::{
+    bindings,
+    fs::{
+        file,
+        File,
+        LocalFile, //
+    },
+    pci,
+    prelude::*,
+    sync::{
+        aref::ARef,
+        Arc, //
+    },
+};
+
+use crate::{
+    bounce, error,
+    path::{
+        self,
+        Facts,
+        Memory,
+        Reach, //
+    },
+    provider::{
+        Pinned,
+        PAGE_SIZE, //
+    },
+    region::Registration,
+    stats,
+    topology::{
+        self,
+        MapType, //
+    },
+    uapi,
+};
+
+unsafe extern "C" {
+    // `shim.c`; pointers to kernel structs whose bindgen types the `improper_ctypes` lint
+    // rejects cross as `void *`: `kiocb`/`file`, `request_queue`.
+    fn gdirect_init_sync_kiocb(kiocb: *mut c_void, file: *mut c_void);
+    fn gdirect_blk_queue_pci_p2pdma(q: *mut c_void) -> bool;
+    fn gdirect_pfn_valid(pfn: usize) -> i32;
+    fn gdirect_pfn_to_page(pfn: usize) -> *mut c_void;
+    fn gdirect_page_address(page: *mut c_void) -> *mut c_void;
+    fn gdirect_is_pci_p2pdma_page(page: *const c_void) -> bool;
+}
+
+/// The direction of a transfer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dir {
+    /// File to memory.
+    Read,
+    /// Memory to file.
+    Write,
+}
+
+impl Dir {
+    /// Index in the statistics: 0 read, 1 write.
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Self::Read => 0,
+            Self::Write => 1,
+        }
+    }
+}
+
+/// What a transfer did.
+pub(crate) struct Outcome {
+    pub(crate) bytes: u64,
+    pub(crate) path: u32,
+    pub(crate) reason: u32,
+    pub(crate) eof: bool,
+    pub(crate) bounce_bytes: u64,
+}
+
+/// The block device behind a file, as far as the data path cares.
+struct Target {
+    logical_block_size: u64,
+    queue_p2p: bool,
+    /// The PCI device that DMAs for the storage (the NVMe controller), if one is found.
+    dma_dev: Option<ARef<pci::Device>>,
+}
+
+impl Target {
+    /// The target of an open file: its block device, or the one its file system lives on.
+    fn of(file: &File) -> Result<Self> {
+        let f = file.as_ptr();
+        // SAFETY: `file` is a valid, referenced file; its inode and superblock live as long.
+        let bdev = unsafe {
+            let inode = (*f).f_inode;
+            let fmt = u32::from((*inode).i_mode) & bindings::S_IFMT;
+            if fmt == bindings::S_IFBLK {
+                // The device node's inode is the file system's; the block device's inode is
+                // the mapping's host (`bdev_file_inode()`).
+                bindings::I_BDEV((*(*f).f_mapping).host)
+            } else if fmt == bindings::S_IFREG {
+                (*(*inode).i_sb).s_bdev
+            } else {
+                core::ptr::null_mut()
+            }
+        };
+        if bdev.is_null() {
+            return Err(ENOTBLK);
+        }
+        // SAFETY: the block device of an open file, with its disk and queue, outlives the file.
+        let (queue, disk_dev) = unsafe {
+            let disk = (*bdev).bd_disk;
+            ((*disk).queue, &raw mut (*(*disk).part0).bd_device)
+        };
+        // SAFETY: as above.
+        let logical_block_size = u64::from(unsafe { (*queue).limits.logical_block_size }).max(512);
+        // SAFETY: as above.
+        let queue_p2p = unsafe { gdirect_blk_queue_pci_p2pdma(queue.cast()) };
+        Ok(Self {
+            logical_block_size,
+            queue_p2p,
+            dma_dev: pci_ancestor(disk_dev),
+        })
+    }
+}
+
+/// The nearest PCI device at or above `dev` in the device tree, with a reference.
+fn pci_ancestor(mut dev: *mut bindings::device) -> Option<ARef<pci::Device>> {
+    while !dev.is_null() {
+        // SAFETY: `dev` and its ancestors are valid while the disk below them is.
+        if unsafe { (*dev).bus } == (&raw const bindings::pci_bus_type).cast_mut() {
+            // SAFETY: a device on the PCI bus is embedded in a `pci_dev`.
+            let pdev = unsafe { kernel::container_of!(dev, bindings::pci_dev, dev) };
+            // SAFETY: `pci::Device` is a transparent wrapper of `pci_dev`, valid (see above).
+            let pdev: &pci::Device = unsafe { &*pdev.cast::<pci::Device>() };
+            return Some(ARef::from(pdev));
+        }
+        // SAFETY: as above.
+        dev = unsafe { (*dev).parent };
+    }
+    None
+}
+
+/// A validated transfer, ready to run (now, or on the module's workqueue).
+pub(crate) struct Transfer {
+    dir: Dir,
+    reg: Arc<Registration>,
+    file: ARef<File>,
+    buf_offset: u64,
+    file_offset: u64,
+    len: u64,
+    force_bounce: bool,
+}
+
+impl Transfer {
+    /// Checks a request against the registration and the file (errnos: see the uapi header).
+    pub(crate) fn new(
+        dir: Dir,
+        reg: Arc<Registration>,
+        fd: i32,
+        buf_offset: u64,
+        file_offset: u64,
+        len: u64,
+        flags: u32,
+    ) -> Result<Self> {
+        if flags & !uapi::IO_FLAGS != 0 || len == 0 {
+            return Err(EINVAL);
+        }
+        if buf_offset.checked_add(len).is_none_or(|end| end > reg.len) {
+            return Err(EOVERFLOW);
+        }
+        let fd = u32::try_from(fd).map_err(|_| EBADF)?;
+        let local = LocalFile::fget(fd).map_err(|_| EBADF)?;
+        // SAFETY: called from an ioctl of another file: this thread holds no `fdget_pos` on `fd`.
+        let file = unsafe { LocalFile::assume_no_fdget_pos(local) };
+        if file.flags() & file::flags::O_DIRECT == 0 {
+            return Err(error::not_direct());
+        }
+        let access = file.flags() & file::flags::O_ACCMODE;
+        let allowed = match dir {
+            Dir::Read => access != file::flags::O_WRONLY,
+            Dir::Write => access != file::flags::O_RDONLY,
+        };
+        if !allowed {
+            return Err(EBADF);
+        }
+        let lbs = Target::of(&file)?.logical_block_size;
+        if file_offset % lbs != 0 || buf_offset % lbs != 0 || len % lbs != 0 {
+            return Err(ERANGE);
+        }
+        Ok(Self {
+            dir,
+            reg,
+            file,
+            buf_offset,
+            file_offset,
+            len,
+            force_bounce: flags & uapi::IO_FORCE_BOUNCE != 0,
+        })
+    }
+
+    /// Runs the transfer and records it in the statistics.
+    pub(crate) fn run(&self) -> (u32, Result<Outcome>) {
+        // SAFETY: no preconditions.
+        let start = unsafe { bindings::ktime_get() };
+        let (path, reason) = match self.decide() {
+            Ok(d) => d,
+            Err(e) => return (path::PATH_BOUNCE, Err(e)),
+        };
+        let result = match path {
+            path::PATH_BOUNCE => self.bounce(),
+            _ => self.direct(),
+        }
+        .map(|(bytes, eof, bounce_bytes)| Outcome {
+            bytes,
+            path,
+            reason,
+            eof,
+            bounce_bytes,
+        });
+        // SAFETY: no preconditions.
+        let ns = unsafe { bindings::ktime_get() } - start;
+        stats::record_io(path, self.dir, reason, &result, ns);
+        (path, result)
+    }
+
+    /// The path and the reason for it.
+    fn decide(&self) -> Result<(u32, u32)> {
+        let target = Target::of(&self.file)?;
+        let memory = {
+            let _use = self.reg.shared.begin_use()?;
+            memory_kind(&self.reg)
+        };
+        let reach = match (&target.dma_dev, &self.reg.owner) {
+            (None, _) => Reach::Unknown,
+            (Some(dev), Some(owner)) => match topology::map_type(&owner.dev, dev) {
+                MapType::NotSupported => Reach::NotSupported,
+                MapType::BusAddr | MapType::ThruHostBridge => Reach::Supported,
+            },
+            (Some(_), None) => Reach::Supported,
+        };
+        Ok(path::decide(Facts {
+            force_bounce: self.force_bounce,
+            memory,
+            queue_p2p: target.queue_p2p,
+            reach,
+        }))
+    }
+
+    /// DMA straight between the file and the registration's pages.
+    fn direct(&self) -> Result<(u64, bool, u64)> {
+        let _use = self.reg.shared.begin_use()?;
+        let bvecs = bvecs(&self.reg, self.buf_offset, self.len)?;
+        let bytes = direct_io(&self.file, self.dir, self.file_offset, &bvecs, self.len)?;
+        Ok((bytes, self.dir == Dir::Read && bytes < self.len, 0))
+    }
+
+    /// Through the bounce pool, one chunk at a time.
+    fn bounce(&self) -> Result<(u64, bool, u64)> {
+        let pool = bounce::pool()?;
+        let mut done = 0;
+        while done < self.len {
+            let chunk = pool.acquire()?;
+            let n = (self.len - done).min(chunk.capacity());
+            let (pos, buf) = (self.file_offset + done, self.buf_offset + done);
+            let moved = match self.dir {
+                Dir::Read => {
+                    let got = direct_io(&self.file, Dir::Read, pos, &chunk.bvecs(n)?, n)?;
+                    let _use = self.reg.shared.begin_use()?;
+                    copy_device(&self.reg, buf, got, |off, dev| chunk.copy_out(off, dev))?;
+                    got
+                }
+                Dir::Write => {
+                    {
+                        let _use = self.reg.shared.begin_use()?;
+                        copy_device(&self.reg, buf, n, |off, dev| chunk.copy_in(off, dev))?;
+                    }
+                    direct_io(&self.file, Dir::Write, pos, &chunk.bvecs(n)?, n)?
+                }
+            };
+            done += moved;
+            if moved < n {
+                return Ok((done, self.dir == Dir::Read, done));
+            }
+        }
+        Ok((done, false, done))
+    }
+}
+
+/// What the decision needs to know of the registered memory. The caller holds a use.
+fn memory_kind(reg: &Registration) -> Memory {
+    match &reg.pinned {
+        Pinned::User(_) if reg.owner.is_none() => Memory::Host,
+        // The p2pdma provider only accepts P2PDMA pages.
+        Pinned::User(_) => Memory::DevicePages,
+        Pinned::Nvidia(nv) => match phys_page(nv.phys(0)) {
+            // SAFETY: a valid page.
+            Some(page) if unsafe { gdirect_is_pci_p2pdma_page(page.cast()) } => Memory::DevicePages,
+            _ => Memory::DeviceNoPages,
+        },
+    }
+}
+
+/// The `struct page` of a physical address, if it has one.
+fn phys_page(phys: u64) -> Option<*mut bindings::page> {
+    let pfn = (phys / PAGE_SIZE) as usize;
+    // SAFETY: `pfn_valid` takes any value.
+    if unsafe { gdirect_pfn_valid(pfn) } == 0 {
+        return None;
+    }
+    // SAFETY: `pfn` is valid (checked above).
+    Some(unsafe { gdirect_pfn_to_page(pfn) }.cast())
+}
+
+/// The CPU page holding byte `off` of a registration, and the offset in it. The caller holds a
+/// use of the pages.
+fn page_at(reg: &Registration, off: u64) -> Result<(*mut bindings::page, u32)> {
+    let in_page = (off % PAGE_SIZE) as u32;
+    let page = match &reg.pinned {
+        Pinned::User(u) => u.page((off / PAGE_SIZE) as usize),
+        Pinned::Nvidia(nv) => {
+            let phys = nv.phys((off / reg.page_size) as usize) + off % reg.page_size;
+            phys_page(phys - u64::from(in_page))
+        }
+    };
+    Ok((page.ok_or(EFAULT)?, in_page))
+}
+
+/// Bvecs over `[off, off + len)` of a registration. The caller holds a use of the pages.
+fn bvecs(reg: &Registration, off: u64, len: u64) -> Result<KVVec<bindings::bio_vec>> {
+    let mut v = KVVec::with_capacity((len / PAGE_SIZE + 2) as usize, GFP_KERNEL)?;
+    let end = off + len;
+    let mut at = off;
+    while at < end {
+        let (page, in_page) = page_at(reg, at)?;
+        let n = (PAGE_SIZE - u64::from(in_page)).min(end - at);
+        v.push(
+            bindings::bio_vec {
+                bv_page: page,
+                bv_len: n as u32,
+                bv_offset: in_page,
+            },
+            GFP_KERNEL,
+        )?;
+        at += n;
+    }
+    Ok(v)
+}
+
+/// Runs `f(offset_in_chunk, device_bytes)` over `[off, off + len)` of a registration, one CPU
+/// page at a time, with the pages mapped for the CPU. The caller holds a use of the pages.
+fn copy_device(
+    reg: &Registration,
+    off: u64,
+    len: u64,
+    mut f: impl FnMut(u64, &mut [u8]),
+) -> Result {
+    let mut done = 0;
+    while done < len {
+        let (page, in_page) = page_at(reg, off + done)?;
+        let n = (PAGE_SIZE - u64::from(in_page)).min(len - done);
+        // SAFETY: `page` is pinned (or P2PDMA memory held by its provider) and mapped in the
+        // kernel's direct map; `in_page + n` stays within it.
+        let bytes = unsafe {
+            let base = gdirect_page_address(page.cast()).cast::<u8>();
+            if base.is_null() {
+                return Err(EFAULT);
+            }
+            core::slice::from_raw_parts_mut(base.add(in_page as usize), n as usize)
+        };
+        f(done, bytes);
+        done += n;
+    }
+    Ok(())
+}
+
+/// One synchronous direct I/O of `len` bytes at `pos` over `bvecs`.
+pub(crate) fn direct_io(
+    file: &File,
+    dir: Dir,
+    pos: u64,
+    bvecs: &[bindings::bio_vec],
+    len: u64,
+) -> Result<u64> {
+    let pos = i64::try_from(pos).map_err(|_| EOVERFLOW)?;
+    // SAFETY: `kiocb` and `iov_iter` are plain C structs for which all zeros is a valid start;
+    // both are then initialized by the kernel's own functions.
+    let mut kiocb: bindings::kiocb = unsafe { core::mem::zeroed() };
+    // SAFETY: as above.
+    let mut iter: bindings::iov_iter = unsafe { core::mem::zeroed() };
+    // SAFETY: `kiocb` is writable; `file` is a valid, referenced file.
+    unsafe { gdirect_init_sync_kiocb((&raw mut kiocb).cast(), file.as_ptr().cast()) };
+    kiocb.ki_pos = pos;
+    let direction = match dir {
+        Dir::Read => bindings::ITER_DEST,
+        Dir::Write => bindings::ITER_SOURCE,
+    };
+    // SAFETY: `bvecs` lives until the synchronous I/O below returns; `len` is their total.
+    unsafe {
+        bindings::iov_iter_bvec(
+            &mut iter,
+            direction as _,
+            bvecs.as_ptr(),
+            bvecs.len(),
+            len as usize,
+        )
+    };
+    // SAFETY: `kiocb` was initialized for `file` without a completion callback, so the call
+    // returns only when the I/O is done; `iter` describes `bvecs`.
+    let ret = unsafe {
+        match dir {
+            Dir::Read => bindings::vfs_iocb_iter_read(file.as_ptr(), &mut kiocb, &mut iter),
+            Dir::Write => bindings::vfs_iocb_iter_write(file.as_ptr(), &mut kiocb, &mut iter),
+        }
+    };
+    if ret < 0 {
+        return Err(Error::from_errno(ret as i32));
+    }
+    Ok(ret as u64)
+}
