@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0 OR MIT
 //! `gdirect`: the command-line face of the gdirect library.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{io::IsTerminal, path::PathBuf, process::ExitCode, time::Instant};
 
 use clap::{Parser, Subcommand};
 use gdirect::{
-    egpu::Egpu, DeviceMemory, Driver, Error, HostBuffer, Info, P2pMem, PciAddress, Provider,
-    RegisterOptions,
+    egpu::Egpu, DeviceMemory, Driver, Errno, Error, File, HostBuffer, Info, IoOptions, IoPath,
+    P2pMem, PciAddress, Provider, Reason, RegisterOptions, Transfer,
 };
+use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 /// GPU-direct storage: read file data straight into GPU memory.
@@ -58,6 +59,68 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Read a file (a raw block device, or a file on a file system with direct I/O) into device
+    /// memory, and show the path the bytes took and why.
+    ///
+    /// Exit status: 0 on success (and a matching --verify), 1 otherwise.
+    Read {
+        /// The file, opened with O_DIRECT.
+        file: PathBuf,
+        /// The memory: `gpu` (the rig's emulated GPU), `host` or `p2pmem:BDF`.
+        #[arg(long, default_value = "gpu")]
+        mem: String,
+        /// Where in the file to start (a multiple of its logical block size; K, M, G suffixes).
+        #[arg(long, default_value = "0", value_parser = parse_offset)]
+        offset: u64,
+        /// Bytes to read (default: to the end of the file; rounded up to 4 KiB).
+        #[arg(long, value_parser = parse_size)]
+        len: Option<u64>,
+        /// Bytes per transfer (progress is shown between transfers).
+        #[arg(long, default_value = "16M", value_parser = parse_size)]
+        chunk: u64,
+        /// Take the bounce path whatever the hardware allows.
+        #[arg(long)]
+        force_bounce: bool,
+        /// Compare the bytes in device memory with this file, at the same offset.
+        #[arg(long)]
+        verify: Option<PathBuf>,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fill device memory from a source file, then write it to a file with direct I/O, and show
+    /// the path the bytes took and why.
+    ///
+    /// Exit status: 0 on success, 1 otherwise.
+    Write {
+        /// The file to write, opened with O_DIRECT for reading and writing.
+        file: PathBuf,
+        /// Where the bytes come from (copied into device memory by the CPU first).
+        #[arg(long)]
+        from: PathBuf,
+        /// The memory: `gpu` (the rig's emulated GPU), `host` or `p2pmem:BDF`.
+        #[arg(long, default_value = "gpu")]
+        mem: String,
+        /// Where in the file to write (a multiple of its logical block size).
+        #[arg(long, default_value = "0", value_parser = parse_offset)]
+        offset: u64,
+        /// Bytes to write (default: the size of the source; a multiple of the block size).
+        #[arg(long, value_parser = parse_size)]
+        len: Option<u64>,
+        /// Take the bounce path whatever the hardware allows.
+        #[arg(long)]
+        force_bounce: bool,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the module's I/O counters: transfers, bytes, errors and latency per path and
+    /// direction, and why transfers bounced.
+    Stats {
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -72,6 +135,47 @@ fn main() -> ExitCode {
             all,
             json,
         } => query(&cli.device, &mem, size, &peers, persistent, all, json),
+        Command::Read {
+            file,
+            mem,
+            offset,
+            len,
+            chunk,
+            force_bounce,
+            verify,
+            json,
+        } => read(
+            &cli.device,
+            &ReadJob {
+                file,
+                mem,
+                offset,
+                len,
+                chunk,
+                force_bounce,
+                verify,
+                json,
+            },
+        ),
+        Command::Write {
+            file,
+            from,
+            mem,
+            offset,
+            len,
+            force_bounce,
+            json,
+        } => write(
+            &cli.device,
+            &file,
+            &from,
+            &mem,
+            offset,
+            len,
+            force_bounce,
+            json,
+        ),
+        Command::Stats { json } => stats(&cli.device, json),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -106,6 +210,14 @@ impl<T> JsonContext<T> for gdirect::Result<T> {
     fn json(self, json: bool) -> Result<T, Failure> {
         self.map_err(|error| Failure { error, json })
     }
+}
+
+/// Parses an offset: a byte count that may be zero.
+fn parse_offset(s: &str) -> Result<u64, String> {
+    if s == "0" {
+        return Ok(0);
+    }
+    parse_size(s)
 }
 
 /// Parses a byte count with an optional K, M or G suffix (powers of 1024).
@@ -303,14 +415,14 @@ struct QueryJson {
     peers: Vec<PeerJson>,
 }
 
-/// The memory `gdirect query` registers, kept alive while it runs.
-enum QueryMem {
+/// The memory a command registers, kept alive while it runs.
+enum Mem {
     Host(HostBuffer),
     Egpu(gdirect::egpu::EgpuAllocation),
     P2p(P2pMem),
 }
 
-impl QueryMem {
+impl Mem {
     fn allocate(spec: &str, size: u64) -> gdirect::Result<Self> {
         let len = usize::try_from(size).map_err(|_| Error::Allocation {
             what: format!("{size} bytes"),
@@ -318,7 +430,7 @@ impl QueryMem {
         })?;
         match spec.split_once(':') {
             None if spec == "host" => Ok(Self::Host(HostBuffer::new(len)?)),
-            None if spec == "egpu" => Ok(Self::Egpu(
+            None if spec == "egpu" || spec == "gpu" => Ok(Self::Egpu(
                 Egpu::open()?
                     .alloc(size.div_ceil(gdirect::egpu::PAGE_SIZE) * gdirect::egpu::PAGE_SIZE)?,
             )),
@@ -330,9 +442,57 @@ impl QueryMem {
                 Ok(Self::P2p(P2pMem::allocate(dev, len)?))
             }
             _ => Err(Error::Allocation {
-                what: format!("memory of kind '{spec}' (use host, egpu or p2pmem:BDF)"),
+                what: format!("memory of kind '{spec}' (use gpu, host or p2pmem:BDF)"),
                 errno: gdirect::Errno::EINVAL,
             }),
+        }
+    }
+
+    /// Copies the memory's bytes at `offset` into `out`.
+    fn read_back(&self, offset: u64, out: &mut [u8]) -> gdirect::Result<()> {
+        let at = offset as usize;
+        match self {
+            Self::Host(m) => out.copy_from_slice(&m.as_slice()[at..at + out.len()]),
+            Self::Egpu(m) => m.read(offset, out)?,
+            Self::P2p(m) => m.read(at, out),
+        }
+        Ok(())
+    }
+
+    /// Copies `data` into the memory at `offset`.
+    fn fill(&mut self, offset: u64, data: &[u8]) -> gdirect::Result<()> {
+        let at = offset as usize;
+        match self {
+            Self::Host(m) => m.as_mut_slice()[at..at + data.len()].copy_from_slice(data),
+            Self::Egpu(m) => m.write(offset, data)?,
+            Self::P2p(m) => m.write(at, data),
+        }
+        Ok(())
+    }
+
+    /// What the memory is, for reports.
+    fn describe(&self) -> MemJson {
+        match self {
+            Self::Host(m) => MemJson {
+                kind: "host",
+                address: m.device_address(),
+                bar_offset: None,
+                device: None,
+            },
+            Self::Egpu(m) => MemJson {
+                kind: "gpu",
+                address: m.va(),
+                bar_offset: Some(m.bar_offset()),
+                device: gdirect::egpu::sysfs_device()
+                    .ok()
+                    .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())),
+            },
+            Self::P2p(m) => MemJson {
+                kind: "p2pmem",
+                address: m.device_address(),
+                bar_offset: None,
+                device: Some(m.device().to_string()),
+            },
         }
     }
 
@@ -355,7 +515,7 @@ fn query(
     json: bool,
 ) -> Result<(), Failure> {
     let driver = Driver::open_path(device).json(json)?;
-    let mem = QueryMem::allocate(spec, size).json(json)?;
+    let mem = Mem::allocate(spec, size).json(json)?;
     let mem = mem.memory();
     let reg = driver
         .register_with(mem, RegisterOptions::new().persistent(persistent))
@@ -426,7 +586,7 @@ fn query(
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{parse_size, quantile_us};
 
     #[test]
     fn sizes_parse_with_suffixes() {
@@ -438,4 +598,458 @@ mod tests {
         assert!(parse_size("1T").is_err());
         assert!(parse_size("99999999999G").is_err());
     }
+
+    #[test]
+    fn quantiles_come_from_bucket_bounds() {
+        let mut hist = [0u64; 20];
+        assert_eq!(quantile_us(&hist, 0.5), None);
+        hist[3] = 90; // 8..16 us
+        hist[10] = 10; // 1024..2048 us
+        assert_eq!(quantile_us(&hist, 0.5), Some(16));
+        assert_eq!(quantile_us(&hist, 0.99), Some(2048));
+    }
+}
+
+#[derive(Serialize)]
+struct MemJson {
+    kind: &'static str,
+    address: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bar_offset: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device: Option<String>,
+}
+
+#[derive(Serialize)]
+struct IoJson {
+    op: &'static str,
+    file: String,
+    offset: u64,
+    len: u64,
+    bytes: u64,
+    eof: bool,
+    path: &'static str,
+    reason: &'static str,
+    bounce_bytes: u64,
+    transfers: u64,
+    seconds: f64,
+    mb_per_s: f64,
+    memory: MemJson,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    verified: Option<bool>,
+}
+
+/// The path and reason of a run of transfers: the common one, or "mixed".
+struct Summary {
+    bytes: u64,
+    bounce_bytes: u64,
+    eof: bool,
+    path: Option<(IoPath, Reason)>,
+    mixed: bool,
+    transfers: u64,
+}
+
+impl Summary {
+    fn new() -> Self {
+        Self {
+            bytes: 0,
+            bounce_bytes: 0,
+            eof: false,
+            path: None,
+            mixed: false,
+            transfers: 0,
+        }
+    }
+
+    fn add(&mut self, t: &Transfer) {
+        self.bytes += t.bytes;
+        self.bounce_bytes += t.bounce_bytes;
+        self.eof |= t.eof;
+        self.transfers += 1;
+        match self.path {
+            None => self.path = Some((t.path, t.reason)),
+            Some(p) if p != (t.path, t.reason) => self.mixed = true,
+            Some(_) => {}
+        }
+    }
+
+    fn names(&self) -> (&'static str, &'static str) {
+        match (self.mixed, self.path) {
+            (true, _) => ("mixed", "mixed"),
+            (false, Some((p, r))) => (p.name(), r.name()),
+            (false, None) => ("none", "none"),
+        }
+    }
+}
+
+/// A progress bar on stderr for transfers of more than one chunk, when it is a terminal.
+fn progress(total: u64, chunk: u64, json: bool) -> Option<ProgressBar> {
+    if json || total <= chunk || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::new(total);
+    if let Ok(style) =
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} {eta}")
+    {
+        bar.set_style(style);
+    }
+    Some(bar)
+}
+
+/// The size of a file or block device.
+fn file_size(path: &std::path::Path) -> gdirect::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let err = |e: std::io::Error| Error::OpenFile {
+        path: path.to_path_buf(),
+        errno: Errno::from_raw(e.raw_os_error().unwrap_or(nix_eio())),
+    };
+    let mut f = std::fs::File::open(path).map_err(err)?;
+    f.seek(SeekFrom::End(0)).map_err(err)
+}
+
+fn nix_eio() -> i32 {
+    5
+}
+
+struct ReadJob {
+    file: PathBuf,
+    mem: String,
+    offset: u64,
+    len: Option<u64>,
+    chunk: u64,
+    force_bounce: bool,
+    verify: Option<PathBuf>,
+    json: bool,
+}
+
+fn read(device: &PathBuf, job: &ReadJob) -> Result<(), Failure> {
+    let json = job.json;
+    let driver = Driver::open_path(device).json(json)?;
+    let file = File::open_direct(&job.file).json(json)?;
+    let len = match job.len {
+        Some(l) => l,
+        None => file_size(&job.file).json(json)?.saturating_sub(job.offset),
+    }
+    .div_ceil(4096)
+        * 4096;
+    if len == 0 {
+        return Err(Failure {
+            error: Error::OutOfRegistration { handle: 0 },
+            json,
+        });
+    }
+    let mem = Mem::allocate(&job.mem, len).json(json)?;
+    let reg = driver.register(mem.memory()).json(json)?;
+    let options = IoOptions::new().force_bounce(job.force_bounce);
+    let chunk = job.chunk.div_ceil(4096) * 4096;
+    let bar = progress(len, chunk, json);
+    let mut sum = Summary::new();
+    let start = Instant::now();
+    let mut done = 0;
+    while done < len {
+        let n = chunk.min(len - done);
+        let t = file
+            .read_into_with(&reg, done, job.offset + done, n, options)
+            .json(json)?;
+        sum.add(&t);
+        done += n;
+        if let Some(b) = &bar {
+            b.set_position(done);
+        }
+        if t.eof {
+            break;
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let verified = match &job.verify {
+        Some(reference) => Some(verify(&mem, reference, job.offset, sum.bytes).json(json)?),
+        None => None,
+    };
+    report(
+        "read",
+        &job.file,
+        job.offset,
+        len,
+        &sum,
+        seconds,
+        mem.describe(),
+        verified,
+        json,
+    );
+    match verified {
+        Some(false) => Err(Failure {
+            error: Error::Io {
+                ioctl: "verify",
+                path: job.file.clone(),
+                errno: Errno::EIO,
+                driver: device.clone(),
+            },
+            json: false,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Compares `len` bytes of `mem` with `reference` at `offset`; prints the first difference.
+fn verify(mem: &Mem, reference: &std::path::Path, offset: u64, len: u64) -> gdirect::Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let err = |e: std::io::Error| Error::OpenFile {
+        path: reference.to_path_buf(),
+        errno: Errno::from_raw(e.raw_os_error().unwrap_or(nix_eio())),
+    };
+    let mut f = std::fs::File::open(reference).map_err(err)?;
+    f.seek(SeekFrom::Start(offset)).map_err(err)?;
+    let mut want = vec![0u8; 1 << 20];
+    let mut got = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(want.len() as u64) as usize;
+        let mut filled = 0;
+        while filled < n {
+            match f.read(&mut want[filled..n]).map_err(err)? {
+                0 => break,
+                k => filled += k,
+            }
+        }
+        // Past the reference's end the data must be what a read past EOF leaves: nothing.
+        mem.read_back(at, &mut got[..filled])?;
+        if let Some(i) = (0..filled).find(|&i| got[i] != want[i]) {
+            eprintln!(
+                "gdirect: verify: byte {} differs: {:#04x} in memory, {:#04x} in {}",
+                offset + at + i as u64,
+                got[i],
+                want[i],
+                reference.display()
+            );
+            return Ok(false);
+        }
+        if filled < n {
+            break;
+        }
+        at += n as u64;
+    }
+    Ok(true)
+}
+
+#[allow(clippy::too_many_arguments, reason = "the facts of one report")]
+fn report(
+    op: &'static str,
+    file: &std::path::Path,
+    offset: u64,
+    len: u64,
+    sum: &Summary,
+    seconds: f64,
+    memory: MemJson,
+    verified: Option<bool>,
+    json: bool,
+) {
+    let (path, reason) = sum.names();
+    let mb_per_s = if seconds > 0.0 {
+        sum.bytes as f64 / seconds / 1e6
+    } else {
+        0.0
+    };
+    if json {
+        print_json(&IoJson {
+            op,
+            file: file.display().to_string(),
+            offset,
+            len,
+            bytes: sum.bytes,
+            eof: sum.eof,
+            path,
+            reason,
+            bounce_bytes: sum.bounce_bytes,
+            transfers: sum.transfers,
+            seconds,
+            mb_per_s,
+            memory,
+            verified,
+        });
+        return;
+    }
+    let dir = if op == "read" { "into" } else { "from" };
+    let at = memory
+        .device
+        .as_deref()
+        .map(|d| format!(" of {d}"))
+        .unwrap_or_default();
+    println!(
+        "{op} {} bytes at offset {offset} of {} {dir} {} memory{at}",
+        sum.bytes,
+        file.display(),
+        memory.kind
+    );
+    println!(
+        "path       {path} (reason: {reason}); {} bytes through host memory",
+        sum.bounce_bytes
+    );
+    println!(
+        "time       {seconds:.3} s, {mb_per_s:.1} MB/s, {} transfer(s)",
+        sum.transfers
+    );
+    if sum.eof {
+        println!(
+            "end        the file ended {} bytes into the {len} asked for",
+            sum.bytes
+        );
+    }
+    match verified {
+        Some(true) => println!("verify     every byte matches the reference"),
+        Some(false) => println!("verify     MISMATCH (see above)"),
+        None => {}
+    }
+}
+
+#[allow(clippy::too_many_arguments, reason = "the options of one command")]
+fn write(
+    device: &PathBuf,
+    target: &PathBuf,
+    from: &PathBuf,
+    spec: &str,
+    offset: u64,
+    len: Option<u64>,
+    force_bounce: bool,
+    json: bool,
+) -> Result<(), Failure> {
+    let driver = Driver::open_path(device).json(json)?;
+    let len = match len {
+        Some(l) => l,
+        None => file_size(from).json(json)?,
+    };
+    let data = std::fs::read(from).map_err(|e| Failure {
+        error: Error::OpenFile {
+            path: from.clone(),
+            errno: Errno::from_raw(e.raw_os_error().unwrap_or(nix_eio())),
+        },
+        json,
+    })?;
+    let len = len.min(data.len() as u64);
+    if len == 0 {
+        return Err(Failure {
+            error: Error::OutOfRegistration { handle: 0 },
+            json,
+        });
+    }
+    let mut mem = Mem::allocate(spec, len.div_ceil(4096) * 4096).json(json)?;
+    mem.fill(0, &data[..len as usize]).json(json)?;
+    let file = File::open_direct_rw(target).json(json)?;
+    let reg = driver.register(mem.memory()).json(json)?;
+    let start = Instant::now();
+    let t = file
+        .write_from_with(
+            &reg,
+            0,
+            offset,
+            len,
+            IoOptions::new().force_bounce(force_bounce),
+        )
+        .json(json)?;
+    let seconds = start.elapsed().as_secs_f64();
+    let mut sum = Summary::new();
+    sum.add(&t);
+    let described = mem.describe();
+    drop(reg);
+    report(
+        "write", target, offset, len, &sum, seconds, described, None, json,
+    );
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct PathStatsJson {
+    path: &'static str,
+    direction: &'static str,
+    ops: u64,
+    bytes: u64,
+    errors: u64,
+    bounce_bytes: u64,
+    latency_us_log2: Vec<u64>,
+}
+
+#[derive(Serialize)]
+struct StatsJson {
+    io: Vec<PathStatsJson>,
+    reasons: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The upper bound in microseconds of the bucket where the `q` quantile of `hist` falls.
+fn quantile_us(hist: &[u64], q: f64) -> Option<u64> {
+    let total: u64 = hist.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let target = (total as f64 * q).ceil().max(1.0) as u64;
+    let mut seen = 0;
+    for (i, n) in hist.iter().enumerate() {
+        seen += n;
+        if seen >= target {
+            return Some(1u64 << (i + 1));
+        }
+    }
+    None
+}
+
+fn stats(device: &PathBuf, json: bool) -> Result<(), Failure> {
+    let driver = Driver::open_path(device).json(json)?;
+    let s = driver.stats().json(json)?;
+    if json {
+        let mut io = Vec::new();
+        for p in IoPath::ALL {
+            for (d, dir) in ["read", "write"].iter().enumerate() {
+                let c = s.get(p, d == 1);
+                io.push(PathStatsJson {
+                    path: p.name(),
+                    direction: dir,
+                    ops: c.ops,
+                    bytes: c.bytes,
+                    errors: c.errors,
+                    bounce_bytes: c.bounce_bytes,
+                    latency_us_log2: c.latency_us_log2.to_vec(),
+                });
+            }
+        }
+        let reasons = Reason::ALL
+            .iter()
+            .map(|r| {
+                (
+                    r.name().to_string(),
+                    serde_json::Value::from(s.by_reason(*r)),
+                )
+            })
+            .collect();
+        print_json(&StatsJson { io, reasons });
+        return Ok(());
+    }
+    println!(
+        "{:<7} {:<6} {:>10} {:>14} {:>7} {:>14} {:>9} {:>9}",
+        "path", "dir", "ops", "bytes", "errors", "via host", "p50 us<", "p99 us<"
+    );
+    for p in IoPath::ALL {
+        for (d, dir) in ["read", "write"].iter().enumerate() {
+            let c = s.get(p, d == 1);
+            let q =
+                |x| quantile_us(&c.latency_us_log2, x).map_or("-".to_string(), |v| v.to_string());
+            println!(
+                "{:<7} {:<6} {:>10} {:>14} {:>7} {:>14} {:>9} {:>9}",
+                p.name(),
+                dir,
+                c.ops,
+                c.bytes,
+                c.errors,
+                c.bounce_bytes,
+                q(0.5),
+                q(0.99)
+            );
+        }
+    }
+    let reasons: Vec<String> = Reason::ALL
+        .iter()
+        .map(|r| format!("{} {}", r.name(), s.by_reason(*r)))
+        .collect();
+    println!("reasons: {}", reasons.join(", "));
+    Ok(())
 }

@@ -6,12 +6,21 @@
 //! allocation that is registered revokes the registration, as `cudaFree` does.
 
 use std::{
-    os::fd::{AsRawFd, OwnedFd},
+    fs::OpenOptions,
+    num::NonZeroUsize,
+    os::fd::{AsFd, AsRawFd, OwnedFd},
     path::PathBuf,
-    sync::Arc,
+    ptr::NonNull,
+    sync::{Arc, OnceLock},
 };
 
-use nix::{fcntl::OFlag, sys::stat::Mode};
+use nix::{
+    fcntl::OFlag,
+    sys::{
+        mman::{mmap, munmap, MapFlags, ProtFlags},
+        stat::Mode,
+    },
+};
 
 use crate::{
     error::{Errno, Error, Result},
@@ -29,6 +38,42 @@ pub const PAGE_SIZE: u64 = sys::EGPU_PAGE_SIZE as u64;
 #[derive(Debug)]
 pub struct Egpu {
     fd: OwnedFd,
+    /// The memory BAR mapped for the CPU, made on first use.
+    bar: OnceLock<Bar>,
+}
+
+/// The emulated GPU's memory BAR, mapped from its sysfs `resource2`.
+#[derive(Debug)]
+struct Bar {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is device memory shared by design; access goes through volatile copies.
+unsafe impl Send for Bar {}
+// SAFETY: as above.
+unsafe impl Sync for Bar {}
+
+impl Drop for Bar {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `Egpu::bar`, no longer referenced.
+        let _ = unsafe { munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// The sysfs directory of the PCI device the `gdirect_egpu` driver is bound to.
+pub fn sysfs_device() -> Result<PathBuf> {
+    let dir = PathBuf::from("/sys/bus/pci/drivers/gdirect_egpu");
+    let missing = || Error::DeviceMissing {
+        path: dir.clone(),
+        what: "the emulated GPU (load gdirect_egpu.ko)",
+    };
+    let entries = std::fs::read_dir(&dir).map_err(|_| missing())?;
+    entries
+        .filter_map(|e| e.ok())
+        .find(|e| e.file_name().to_string_lossy().contains(':'))
+        .map(|e| e.path())
+        .ok_or_else(missing)
 }
 
 /// What the emulated GPU reports (`EGPU_IOC_INFO`).
@@ -79,7 +124,10 @@ impl Egpu {
                     errno,
                 },
             })?;
-        Ok(Arc::new(Self { fd }))
+        Ok(Arc::new(Self {
+            fd,
+            bar: OnceLock::new(),
+        }))
     }
 
     /// Allocates `len` bytes (a multiple of [`PAGE_SIZE`]) of GPU memory.
@@ -114,6 +162,42 @@ impl Egpu {
             mappings: args.mappings,
             callbacks: args.callbacks,
         })
+    }
+
+    fn bar(&self) -> Result<&Bar> {
+        if let Some(bar) = self.bar.get() {
+            return Ok(bar);
+        }
+        let path = sysfs_device()?.join("resource2");
+        let fail = |errno| Error::Allocation {
+            what: format!("a CPU mapping of {}", path.display()),
+            errno,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| fail(Errno::from_raw(e.raw_os_error().unwrap_or(nix::libc::EIO))))?;
+        let len = usize::try_from(file.metadata().map_err(|_| fail(Errno::EIO))?.len())
+            .map_err(|_| fail(Errno::EOVERFLOW))?;
+        let size = NonZeroUsize::new(len).ok_or(fail(Errno::ENODEV))?;
+        // SAFETY: a new shared mapping of the BAR; nothing else in this process aliases it.
+        let ptr = unsafe {
+            mmap(
+                None,
+                size,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                file.as_fd(),
+                0,
+            )
+        }
+        .map_err(fail)?;
+        let _ = self.bar.set(Bar {
+            ptr: ptr.cast(),
+            len,
+        });
+        self.bar.get().ok_or(fail(Errno::EINVAL))
     }
 
     /// Frees the allocation at GPU virtual address `va` of this handle, as a `cudaFree` from
@@ -153,6 +237,41 @@ impl EgpuAllocation {
     /// Where the memory is in the device's BAR2 (and in the host's backing file).
     pub fn bar_offset(&self) -> u64 {
         self.bar_offset
+    }
+
+    /// Copies `out.len()` bytes at `offset` of the allocation to `out`, through a CPU mapping of
+    /// the GPU's BAR (as `cudaMemcpy` device-to-host would).
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let start = self.span(offset, out.len())?;
+        let bar = self.egpu.bar()?;
+        for (i, b) in out.iter_mut().enumerate() {
+            // SAFETY: `start + i` is inside the allocation, inside the BAR mapping (checked).
+            *b = unsafe { bar.ptr.as_ptr().add(start + i).read_volatile() };
+        }
+        Ok(())
+    }
+
+    /// Copies `data` into the allocation at `offset` through the CPU mapping of the BAR.
+    pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        let start = self.span(offset, data.len())?;
+        let bar = self.egpu.bar()?;
+        for (i, b) in data.iter().enumerate() {
+            // SAFETY: as in `read`; `&mut self` makes this the only writer through this value.
+            unsafe { bar.ptr.as_ptr().add(start + i).write_volatile(*b) };
+        }
+        Ok(())
+    }
+
+    /// The BAR offset of `[offset, offset + len)` of the allocation, checked.
+    fn span(&self, offset: u64, len: usize) -> Result<usize> {
+        let end = offset.checked_add(len as u64).filter(|e| *e <= self.len);
+        let bar_len = self.egpu.bar()?.len as u64;
+        match end {
+            Some(_) if self.bar_offset + self.len <= bar_len => {
+                Ok((self.bar_offset + offset) as usize)
+            }
+            _ => Err(Error::OutOfRegistration { handle: self.va }),
+        }
     }
 
     /// Frees the allocation now, like `cudaFree`: registrations of it are revoked, unless

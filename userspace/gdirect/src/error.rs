@@ -146,6 +146,72 @@ pub enum Error {
         peer: crate::PciAddress,
     },
 
+    /// A file could not be opened for transfers.
+    #[error("cannot open {path} with O_DIRECT: {errno}")]
+    OpenFile {
+        /// The file.
+        path: PathBuf,
+        /// The error of open(2).
+        errno: Errno,
+    },
+
+    /// The file is not open with `O_DIRECT` (`File::open_direct` opens it so).
+    #[error("{path} is not open with O_DIRECT: gdirect transfers only do direct I/O")]
+    NotDirect {
+        /// The file.
+        path: PathBuf,
+    },
+
+    /// The file is not open for the transfer's direction, or not an open file.
+    #[error("{path} is not open for this transfer (read needs reading, write needs writing)")]
+    BadFile {
+        /// The file.
+        path: PathBuf,
+    },
+
+    /// Offsets or length are not multiples of the file's logical block size.
+    #[error("transfer on {path}: file offset, buffer offset and length must be multiples of its logical block size")]
+    IoMisaligned {
+        /// The file.
+        path: PathBuf,
+    },
+
+    /// The buffer range is past the end of the registration.
+    #[error("registration {handle:#x} is shorter than buf_offset + len")]
+    OutOfRegistration {
+        /// The registration's handle.
+        handle: u64,
+    },
+
+    /// The file is not on a block device.
+    #[error("{path} is not on a block device: there is no direct I/O to route")]
+    NotBlockBacked {
+        /// The file.
+        path: PathBuf,
+    },
+
+    /// A transfer failed in the storage stack.
+    #[error("{ioctl} of {path} through {driver} failed: {errno}")]
+    Io {
+        /// The command.
+        ioctl: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The error the file's read_iter/write_iter returned.
+        errno: Errno,
+        /// The device path.
+        driver: PathBuf,
+    },
+
+    /// An entry of a batch was refused.
+    #[error("batch entry {index} was refused: {errno} (entries before it were submitted)")]
+    Submit {
+        /// The index of the refused entry in the batch.
+        index: usize,
+        /// Its errno (see the uapi header).
+        errno: Errno,
+    },
+
     /// An ioctl failed.
     #[error("{ioctl} on {path} failed: {errno}")]
     Ioctl {
@@ -165,7 +231,15 @@ impl Error {
             Self::Open { errno, .. }
             | Self::NotGdirect { errno, .. }
             | Self::Ioctl { errno, .. }
-            | Self::Allocation { errno, .. } => Some(*errno),
+            | Self::Allocation { errno, .. }
+            | Self::OpenFile { errno, .. }
+            | Self::Io { errno, .. }
+            | Self::Submit { errno, .. } => Some(*errno),
+            Self::NotDirect { .. } => Some(Errno::EBADFD),
+            Self::BadFile { .. } => Some(Errno::EBADF),
+            Self::IoMisaligned { .. } => Some(Errno::ERANGE),
+            Self::OutOfRegistration { .. } => Some(Errno::EOVERFLOW),
+            Self::NotBlockBacked { .. } => Some(Errno::ENOTBLK),
             Self::PermissionDenied { .. } => Some(Errno::EACCES),
             Self::Misaligned { .. } => Some(Errno::ERANGE),
             Self::NotProviderMemory { .. } => Some(Errno::ENXIO),

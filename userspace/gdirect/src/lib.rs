@@ -30,6 +30,7 @@
 mod driver;
 pub mod egpu;
 mod error;
+mod io;
 mod memory;
 mod pci;
 mod registration;
@@ -37,6 +38,9 @@ mod sys;
 
 pub use driver::{Driver, Info, Provider, Version, ABI_VERSION, DEFAULT_DEVICE_PATH};
 pub use error::{Errno, Error, Result};
+pub use io::{
+    Batch, Completion, File, IoOptions, IoPath, PathStats, Reason, Stats, Transfer, BATCH_MAX,
+};
 pub use memory::{DeviceMemory, HostBuffer, P2pMem};
 pub use pci::{ParsePciAddressError, PciAddress};
 pub use registration::{MapType, PeerMap, RegisterOptions, Registration};

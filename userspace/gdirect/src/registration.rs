@@ -184,7 +184,12 @@ impl Driver {
     }
 }
 
-impl Registration<'_> {
+impl<'a> Registration<'a> {
+    /// The driver handle the registration belongs to.
+    pub fn driver(&self) -> &'a Driver {
+        self.driver
+    }
+
     /// The handle naming the registration on its file.
     pub fn handle(&self) -> u64 {
         self.handle

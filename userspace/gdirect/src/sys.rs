@@ -41,6 +41,42 @@ nix::ioctl_readwrite_bad!(
     GDIRECT_IOC_QUERY,
     gdirect_query_args
 );
+nix::ioctl_readwrite_bad!(
+    /// `GDIRECT_IOC_READ`.
+    read,
+    GDIRECT_IOC_READ,
+    gdirect_io_args
+);
+nix::ioctl_readwrite_bad!(
+    /// `GDIRECT_IOC_WRITE`.
+    write,
+    GDIRECT_IOC_WRITE,
+    gdirect_io_args
+);
+nix::ioctl_readwrite_bad!(
+    /// `GDIRECT_IOC_SUBMIT`.
+    submit,
+    GDIRECT_IOC_SUBMIT,
+    gdirect_submit_args
+);
+nix::ioctl_readwrite_bad!(
+    /// `GDIRECT_IOC_REAP`.
+    reap,
+    GDIRECT_IOC_REAP,
+    gdirect_reap_args
+);
+nix::ioctl_write_ptr_bad!(
+    /// `GDIRECT_IOC_SET_EVENTFD`.
+    set_eventfd,
+    GDIRECT_IOC_SET_EVENTFD,
+    gdirect_eventfd_args
+);
+nix::ioctl_readwrite_bad!(
+    /// `GDIRECT_IOC_GET_STATS`.
+    get_stats,
+    GDIRECT_IOC_GET_STATS,
+    gdirect_stats_args
+);
 
 /// The emulated GPU of the test rig (`tests/egpu/gdirect_egpu.h`).
 pub(crate) mod egpu {
@@ -117,6 +153,10 @@ mod abi {
         assert_eq!(core::mem::size_of::<gdirect_register_args>(), 64);
         assert_eq!(core::mem::size_of::<gdirect_unregister_args>(), 16);
         assert_eq!(core::mem::size_of::<gdirect_query_args>(), 80);
+        assert_eq!(core::mem::size_of::<gdirect_io_args>(), 88);
+        assert_eq!(core::mem::size_of::<gdirect_sqe>(), 64);
+        assert_eq!(core::mem::size_of::<gdirect_cqe>(), 40);
+        assert_eq!(core::mem::size_of::<gdirect_stats_args>(), 1224);
         assert_eq!(core::mem::size_of::<gdirect_info_args>() % 8, 0);
         assert_eq!(GDIRECT_IOC_MAGIC, 0xD6);
     }

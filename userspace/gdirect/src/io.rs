@@ -1,0 +1,580 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+//! Transfers between files and registered memory: [`File`], [`Transfer`], [`Batch`].
+
+use std::{
+    fmt,
+    fs::OpenOptions,
+    os::{
+        fd::{AsFd, AsRawFd, BorrowedFd},
+        unix::fs::OpenOptionsExt,
+    },
+    path::{Path, PathBuf},
+};
+
+use crate::{
+    driver::Driver,
+    error::{Errno, Error, Result},
+    registration::Registration,
+    sys,
+};
+
+/// Where the bytes of a transfer went (`enum gdirect_path`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IoPath {
+    /// DMA between the storage and the device memory, peer to peer.
+    P2p,
+    /// Through the module's pool of host pages and a CPU copy.
+    Bounce,
+    /// The memory is host memory: DMA to it directly.
+    Host,
+}
+
+impl IoPath {
+    /// Every path, in the order of the ABI.
+    pub const ALL: [IoPath; 3] = [IoPath::P2p, IoPath::Bounce, IoPath::Host];
+
+    fn from_raw(raw: u32) -> Self {
+        match raw {
+            sys::GDIRECT_PATH_P2P => Self::P2p,
+            sys::GDIRECT_PATH_HOST => Self::Host,
+            _ => Self::Bounce,
+        }
+    }
+
+    /// The name the CLI and JSON use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::P2p => "p2p",
+            Self::Bounce => "bounce",
+            Self::Host => "host",
+        }
+    }
+}
+
+impl fmt::Display for IoPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a transfer took its path (`enum gdirect_path_reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Nothing stood in the way (P2P, or host memory).
+    None,
+    /// The caller asked for the bounce path.
+    Forced,
+    /// The file's block queue does not accept P2P pages.
+    QueueNoP2p,
+    /// The storage's DMA device cannot reach the memory peer to peer.
+    Distance,
+    /// The provider's memory has no pages the block layer can use.
+    NoPages,
+    /// No PCI DMA device was found for the storage.
+    NoDmaDevice,
+}
+
+impl Reason {
+    /// Every reason, in the order of the ABI.
+    pub const ALL: [Reason; 6] = [
+        Reason::None,
+        Reason::Forced,
+        Reason::QueueNoP2p,
+        Reason::Distance,
+        Reason::NoPages,
+        Reason::NoDmaDevice,
+    ];
+
+    fn from_raw(raw: u32) -> Self {
+        match raw {
+            sys::GDIRECT_REASON_FORCED => Self::Forced,
+            sys::GDIRECT_REASON_QUEUE_NO_P2P => Self::QueueNoP2p,
+            sys::GDIRECT_REASON_DISTANCE => Self::Distance,
+            sys::GDIRECT_REASON_NO_PAGES => Self::NoPages,
+            sys::GDIRECT_REASON_NO_DMA_DEVICE => Self::NoDmaDevice,
+            _ => Self::None,
+        }
+    }
+
+    /// The name the CLI and JSON use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Forced => "forced",
+            Self::QueueNoP2p => "queue_no_p2p",
+            Self::Distance => "distance",
+            Self::NoPages => "no_pages",
+            Self::NoDmaDevice => "no_dma_device",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a transfer did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transfer {
+    /// Bytes transferred.
+    pub bytes: u64,
+    /// The path they took.
+    pub path: IoPath,
+    /// Why.
+    pub reason: Reason,
+    /// A read reached the end of the file (`bytes` is short).
+    pub eof: bool,
+    /// Bytes that went through host memory.
+    pub bounce_bytes: u64,
+}
+
+/// Options of a transfer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoOptions {
+    force_bounce: bool,
+}
+
+impl IoOptions {
+    /// The defaults: the module picks the path.
+    pub const fn new() -> Self {
+        Self {
+            force_bounce: false,
+        }
+    }
+
+    /// Take the bounce path whatever the hardware allows (comparisons, tests).
+    pub const fn force_bounce(mut self, on: bool) -> Self {
+        self.force_bounce = on;
+        self
+    }
+
+    fn flags(self) -> u32 {
+        if self.force_bounce {
+            sys::GDIRECT_IO_FORCE_BOUNCE
+        } else {
+            0
+        }
+    }
+}
+
+/// A file opened with `O_DIRECT` for transfers to and from registered memory: a raw block
+/// device (`/dev/nvme0n1`) or a file on a file system with direct I/O.
+#[derive(Debug)]
+pub struct File {
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl File {
+    /// Opens `path` for reading with `O_DIRECT`.
+    pub fn open_direct(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path, false)
+    }
+
+    /// Opens `path` for reading and writing with `O_DIRECT`.
+    pub fn open_direct_rw(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path, true)
+    }
+
+    fn open_with(path: impl AsRef<Path>, write: bool) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(write)
+            .custom_flags(nix::libc::O_DIRECT)
+            .open(&path)
+            .map_err(|e| Error::OpenFile {
+                path: path.clone(),
+                errno: Errno::from_raw(e.raw_os_error().unwrap_or(nix::libc::EIO)),
+            })?;
+        Ok(Self { file, path })
+    }
+
+    /// The path it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads `len` bytes at `file_offset` into `reg` at `buf_offset` (`GDIRECT_IOC_READ`).
+    ///
+    /// ```no_run
+    /// use gdirect::{Driver, File, HostBuffer};
+    /// let driver = Driver::open()?;
+    /// let buf = HostBuffer::new(1 << 20)?;
+    /// let reg = driver.register(&buf)?;
+    /// let t = File::open_direct("/dev/nvme0n1")?.read_into(&reg, 0, 0, 1 << 20)?;
+    /// println!("{} bytes by {} ({})", t.bytes, t.path, t.reason);
+    /// # Ok::<(), gdirect::Error>(())
+    /// ```
+    pub fn read_into(
+        &self,
+        reg: &Registration<'_>,
+        buf_offset: u64,
+        file_offset: u64,
+        len: u64,
+    ) -> Result<Transfer> {
+        self.read_into_with(reg, buf_offset, file_offset, len, IoOptions::new())
+    }
+
+    /// [`File::read_into`] with options.
+    pub fn read_into_with(
+        &self,
+        reg: &Registration<'_>,
+        buf_offset: u64,
+        file_offset: u64,
+        len: u64,
+        options: IoOptions,
+    ) -> Result<Transfer> {
+        self.transfer(reg, Direction::Read, buf_offset, file_offset, len, options)
+    }
+
+    /// Writes `len` bytes of `reg` at `buf_offset` to the file at `file_offset`
+    /// (`GDIRECT_IOC_WRITE`; the file must be open for writing).
+    pub fn write_from(
+        &self,
+        reg: &Registration<'_>,
+        buf_offset: u64,
+        file_offset: u64,
+        len: u64,
+    ) -> Result<Transfer> {
+        self.write_from_with(reg, buf_offset, file_offset, len, IoOptions::new())
+    }
+
+    /// [`File::write_from`] with options.
+    pub fn write_from_with(
+        &self,
+        reg: &Registration<'_>,
+        buf_offset: u64,
+        file_offset: u64,
+        len: u64,
+        options: IoOptions,
+    ) -> Result<Transfer> {
+        self.transfer(reg, Direction::Write, buf_offset, file_offset, len, options)
+    }
+
+    fn transfer(
+        &self,
+        reg: &Registration<'_>,
+        dir: Direction,
+        buf_offset: u64,
+        file_offset: u64,
+        len: u64,
+        options: IoOptions,
+    ) -> Result<Transfer> {
+        let mut args = sys::gdirect_io_args {
+            handle: reg.handle(),
+            buf_offset,
+            file_offset,
+            len,
+            fd: self.file.as_raw_fd(),
+            flags: options.flags(),
+            ..Default::default()
+        };
+        let driver = reg.driver();
+        // SAFETY: `args` is a valid, writable struct for the call; the module keeps no pointer.
+        let r = unsafe {
+            match dir {
+                Direction::Read => sys::read(driver.as_raw_fd(), &mut args),
+                Direction::Write => sys::write(driver.as_raw_fd(), &mut args),
+            }
+        };
+        r.map_err(|errno| io_error(driver, &self.path, dir, reg.handle(), errno))?;
+        Ok(Transfer {
+            bytes: args.bytes,
+            path: IoPath::from_raw(args.path),
+            reason: Reason::from_raw(args.reason),
+            eof: args.result_flags & sys::GDIRECT_RESULT_EOF != 0,
+            bounce_bytes: args.bounce_bytes,
+        })
+    }
+}
+
+impl AsFd for File {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Direction {
+    Read,
+    Write,
+}
+
+/// Maps the errno of a transfer to its meaning (see the uapi header).
+fn io_error(driver: &Driver, path: &Path, dir: Direction, handle: u64, errno: Errno) -> Error {
+    let ioctl = match dir {
+        Direction::Read => "GDIRECT_IOC_READ",
+        Direction::Write => "GDIRECT_IOC_WRITE",
+    };
+    match errno {
+        Errno::EBADFD => Error::NotDirect {
+            path: path.to_path_buf(),
+        },
+        Errno::ERANGE => Error::IoMisaligned {
+            path: path.to_path_buf(),
+        },
+        Errno::EOVERFLOW => Error::OutOfRegistration { handle },
+        Errno::ENOTBLK => Error::NotBlockBacked {
+            path: path.to_path_buf(),
+        },
+        Errno::ENOLINK => Error::Revoked { handle },
+        Errno::EBADF => Error::BadFile {
+            path: path.to_path_buf(),
+        },
+        errno => Error::Io {
+            ioctl,
+            path: path.to_path_buf(),
+            errno,
+            driver: driver.path().to_path_buf(),
+        },
+    }
+}
+
+/// A batch of transfers for [`Driver::submit`] (`GDIRECT_IOC_SUBMIT`).
+///
+/// Entries name their file and registration; the module takes its own references when the batch
+/// is submitted, so both may be dropped while the transfers run.
+#[derive(Debug, Default)]
+pub struct Batch {
+    sqes: Vec<sys::gdirect_sqe>,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a read of `len` bytes at `file_offset` into `reg` at `buf_offset`, tagged `user_data`.
+    pub fn read(
+        &mut self,
+        file: &File,
+        reg: &Registration<'_>,
+        buf_offset: u64,
+        file_offset: u64,
+        len: u64,
+        user_data: u64,
+    ) -> &mut Self {
+        self.push(
+            sys::GDIRECT_OP_READ,
+            file,
+            reg,
+            buf_offset,
+            file_offset,
+            len,
+            user_data,
+            IoOptions::new(),
+        )
+    }
+
+    /// Adds a write of `len` bytes of `reg` at `buf_offset` to `file_offset`.
+    pub fn write(
+        &mut self,
+        file: &File,
+        reg: &Registration<'_>,
+        buf_offset: u64,
+        file_offset: u64,
+        len: u64,
+        user_data: u64,
+    ) -> &mut Self {
+        self.push(
+            sys::GDIRECT_OP_WRITE,
+            file,
+            reg,
+            buf_offset,
+            file_offset,
+            len,
+            user_data,
+            IoOptions::new(),
+        )
+    }
+
+    /// Adds a transfer with options.
+    #[allow(clippy::too_many_arguments, reason = "the fields of one transfer")]
+    pub fn push(
+        &mut self,
+        op: u32,
+        file: &File,
+        reg: &Registration<'_>,
+        buf_offset: u64,
+        file_offset: u64,
+        len: u64,
+        user_data: u64,
+        options: IoOptions,
+    ) -> &mut Self {
+        self.sqes.push(sys::gdirect_sqe {
+            op,
+            flags: options.flags(),
+            handle: reg.handle(),
+            buf_offset,
+            file_offset,
+            len,
+            fd: file.as_fd().as_raw_fd(),
+            user_data,
+            ..Default::default()
+        });
+        self
+    }
+
+    /// Entries in the batch.
+    pub fn len(&self) -> usize {
+        self.sqes.len()
+    }
+
+    /// Whether the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.sqes.is_empty()
+    }
+
+    /// Removes every entry.
+    pub fn clear(&mut self) {
+        self.sqes.clear();
+    }
+}
+
+/// The most entries one `SUBMIT` takes.
+pub const BATCH_MAX: usize = sys::GDIRECT_BATCH_MAX as usize;
+
+/// The completion of one batched transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The tag given at submit.
+    pub user_data: u64,
+    /// What the transfer did, or its errno.
+    pub result: std::result::Result<Transfer, Errno>,
+}
+
+impl Driver {
+    /// Submits the batch's entries from `start` (`GDIRECT_IOC_SUBMIT`, at most [`BATCH_MAX`] at
+    /// a time): returns how many were queued, which is less than asked when the file's
+    /// in-flight limit is reached (reap, then submit the rest).
+    pub fn submit(&self, batch: &Batch, start: usize) -> Result<usize> {
+        let entries = batch.sqes.get(start..).unwrap_or(&[]);
+        let count = entries.len().min(BATCH_MAX);
+        if count == 0 {
+            return Ok(0);
+        }
+        let mut args = sys::gdirect_submit_args {
+            sqes: entries.as_ptr() as u64,
+            count: count as u32,
+            ..Default::default()
+        };
+        // SAFETY: `args.sqes` points to `count` readable entries that outlive the call; the module
+        // copies them and keeps no pointer.
+        match unsafe { sys::submit(self.as_raw_fd(), &mut args) } {
+            Ok(_) => Ok(args.submitted as usize),
+            Err(Errno::EAGAIN) => Ok(0),
+            Err(errno) => Err(Error::Submit {
+                index: start + args.submitted as usize,
+                errno,
+            }),
+        }
+    }
+
+    /// Collects up to `max` completions (`GDIRECT_IOC_REAP`); with `wait`, blocks until at least
+    /// one is there (or nothing is in flight).
+    pub fn reap(&self, max: usize, wait: bool) -> Result<Vec<Completion>> {
+        let mut cqes = vec![sys::gdirect_cqe::default(); max];
+        let mut args = sys::gdirect_reap_args {
+            cqes: cqes.as_mut_ptr() as u64,
+            max: max as u32,
+            flags: if wait { sys::GDIRECT_REAP_WAIT } else { 0 },
+            ..Default::default()
+        };
+        // SAFETY: `args.cqes` points to `max` writable entries that outlive the call.
+        unsafe { sys::reap(self.as_raw_fd(), &mut args) }
+            .map_err(|errno| self.ioctl_error("GDIRECT_IOC_REAP", errno))?;
+        cqes.truncate(args.reaped as usize);
+        Ok(cqes
+            .into_iter()
+            .map(|c| Completion {
+                user_data: c.user_data,
+                result: if c.result < 0 {
+                    Err(Errno::from_raw(-c.result as i32))
+                } else {
+                    Ok(Transfer {
+                        bytes: c.result as u64,
+                        path: IoPath::from_raw(c.path),
+                        reason: Reason::from_raw(c.reason),
+                        eof: c.result_flags & sys::GDIRECT_RESULT_EOF != 0,
+                        bounce_bytes: c.bounce_bytes,
+                    })
+                },
+            })
+            .collect())
+    }
+
+    /// Signals `eventfd` once per completion from now on (`GDIRECT_IOC_SET_EVENTFD`); `None`
+    /// stops.
+    pub fn set_eventfd(&self, eventfd: Option<BorrowedFd<'_>>) -> Result<()> {
+        let args = sys::gdirect_eventfd_args {
+            fd: eventfd.map_or(-1, |fd| fd.as_raw_fd()),
+            flags: 0,
+        };
+        // SAFETY: `args` is a valid struct for the call.
+        unsafe { sys::set_eventfd(self.as_raw_fd(), &args) }
+            .map_err(|errno| self.ioctl_error("GDIRECT_IOC_SET_EVENTFD", errno))?;
+        Ok(())
+    }
+
+    /// The module's I/O counters (`GDIRECT_IOC_GET_STATS`).
+    pub fn stats(&self) -> Result<Stats> {
+        let mut args = sys::gdirect_stats_args::default();
+        // SAFETY: `args` is a valid, writable struct for the call.
+        unsafe { sys::get_stats(self.as_raw_fd(), &mut args) }
+            .map_err(|errno| self.ioctl_error("GDIRECT_IOC_GET_STATS", errno))?;
+        let mut stats = Stats::default();
+        for (p, row) in args.io.iter().enumerate() {
+            for (d, s) in row.iter().enumerate() {
+                stats.io[p][d] = PathStats {
+                    ops: s.ops,
+                    bytes: s.bytes,
+                    errors: s.errors,
+                    bounce_bytes: s.bounce_bytes,
+                    latency_us_log2: s.latency_us_log2,
+                };
+            }
+        }
+        stats.reasons = args.reasons;
+        Ok(stats)
+    }
+}
+
+/// Counters of one path and direction.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PathStats {
+    /// Completed transfers, errors included.
+    pub ops: u64,
+    /// Bytes transferred.
+    pub bytes: u64,
+    /// Transfers that failed.
+    pub errors: u64,
+    /// Bytes that went through host memory.
+    pub bounce_bytes: u64,
+    /// Bucket `i`: transfers that took `[2^i, 2^(i+1))` microseconds.
+    pub latency_us_log2: [u64; sys::GDIRECT_LATENCY_BUCKETS as usize],
+}
+
+/// The module's I/O counters since load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// By `[path][direction]`: paths in [`IoPath::ALL`] order, direction 0 read, 1 write.
+    pub io: [[PathStats; 2]; 3],
+    /// Transfers by reason, in [`Reason::ALL`] order.
+    pub reasons: [u64; 6],
+}
+
+impl Stats {
+    /// The counters of a path and direction (`write` false for reads).
+    pub fn get(&self, path: IoPath, write: bool) -> &PathStats {
+        &self.io[path as usize][usize::from(write)]
+    }
+
+    /// Transfers that took the bounce path for `reason`, or P2P/host ones for `Reason::None`.
+    pub fn by_reason(&self, reason: Reason) -> u64 {
+        self.reasons[reason as usize]
+    }
+}
