@@ -112,12 +112,15 @@ _nvme_bdf_by_serial() {
 	basename "$(readlink -f "/sys/class/nvme/$ctrl/device")"
 }
 
-# The block device of the first namespace of the NVMe controller whose serial is $1.
+# The block device of namespace $2 (default 1) of the NVMe controller whose
+# serial is $1.
 _nvme_ns_by_serial() {
 	ctrl=$(_nvme_ctrl_by_serial "$1") || return 1
 	for ns in /sys/block/nvme*; do
 		case "$(readlink -f "$ns/device")" in
-		*/"$ctrl") echo "/dev/$(basename "$ns")"; return 0 ;;
+		*/"$ctrl")
+			[ "$(cat "$ns/nsid" 2>/dev/null)" = "${2:-1}" ] && { echo "/dev/$(basename "$ns")"; return 0; }
+			;;
 		esac
 	done
 	return 1
@@ -144,11 +147,34 @@ _pci_bar_size() {
 	}
 }
 
-# Ask the host runner to check, after the VM exits, that the emulated GPU's
-# backing file holds bytes with this sha256 at this offset.
-# Usage: _host_expect_gpu_bytes OFFSET LEN SHA256
-_host_expect_gpu_bytes() {
-	echo "GDIRECT-SHM-EXPECT $1 $2 $3 $(basename "$0")"
+# The host-check channel (ttyS1, see scripts/vm): bytes compared from outside
+# the guest. Names: gpu (the emulated GPU's backing file, at BAR offsets),
+# nvme0 and nvme1 (the drive images the host wrote, namespace 1), zero.
+# Usage: _host_compare NAME:OFFSET NAME:OFFSET LEN - succeeds when they match.
+_HOSTCTL=/dev/ttyS1
+_host_request() {
+	if [ -z "${_HOSTCTL_OPEN:-}" ]; then
+		[ -c "$_HOSTCTL" ] || { ktap_print_msg "no host channel at $_HOSTCTL"; return 1; }
+		# Held open for the whole test: a reply must not arrive at a closed port.
+		exec 5<>"$_HOSTCTL"
+		stty raw -echo <&5
+		_HOSTCTL_OPEN=1
+	fi
+	echo "$*" >&5
+	reply=
+	read -r -t 60 reply <&5
+	[ "$reply" = OK ] && return 0
+	ktap_print_msg "host check '$*': ${reply:-no reply}"
+	return 1
+}
+_host_compare() { _host_request COMPARE "$1" "$2" "$3"; }
+
+# Ask the host whether bytes have this sha256. Usage: _host_sha256 NAME:OFFSET LEN HEX
+_host_sha256() { _host_request SHA256 "$1" "$2" "$3"; }
+
+# Ask for the same comparison after the VM has shut down (drive images complete).
+_host_compare_at_exit() {
+	echo "GDIRECT-HOST-COMPARE-AT-EXIT $1 $2 $3 $(basename "$0")"
 }
 
 # NVMe over Fabrics loop inside the guest: a veth pair, optionally a soft-RoCE
@@ -300,3 +326,20 @@ _nvmeof_cleanup() {
 	_rxe_down
 	_veth_down
 }
+
+# A field of `gdirect stats --json`: the counter $3 of path $1, direction $2.
+_stat() {
+	gdirect stats --json | jq -r ".io[] | select(.path == \"$1\" and .direction == \"$2\") | .$3"
+}
+
+# Reads with `gdirect read ... --json` and keeps the report in $READ_JSON.
+# Usage: _gd_read FILE [options...]
+_gd_read() {
+	READ_JSON=$(gdirect read "$@" --json)
+	_READ_RC=$?
+	ktap_print_msg "read $*: $(echo "$READ_JSON" | jq -c '{bytes,eof,path,reason,bounce_bytes,bar: .memory.bar_offset}' 2>/dev/null)"
+	return $_READ_RC
+}
+
+# A field of the last _gd_read report.
+_rj() { echo "$READ_JSON" | jq -r "$1"; }

@@ -392,7 +392,56 @@ impl Batch {
         )
     }
 
-    /// Adds a transfer with options.
+    /// Adds a read with options.
+    #[allow(clippy::too_many_arguments, reason = "the fields of one transfer")]
+    pub fn read_with(
+        &mut self,
+        file: &File,
+        reg: &Registration<'_>,
+        buf_offset: u64,
+        file_offset: u64,
+        len: u64,
+        user_data: u64,
+        options: IoOptions,
+    ) -> &mut Self {
+        self.push(
+            sys::GDIRECT_OP_READ,
+            file,
+            reg,
+            buf_offset,
+            file_offset,
+            len,
+            user_data,
+            options,
+        )
+    }
+
+    /// Adds a write with options.
+    #[allow(clippy::too_many_arguments, reason = "the fields of one transfer")]
+    pub fn write_with(
+        &mut self,
+        file: &File,
+        reg: &Registration<'_>,
+        buf_offset: u64,
+        file_offset: u64,
+        len: u64,
+        user_data: u64,
+        options: IoOptions,
+    ) -> &mut Self {
+        self.push(
+            sys::GDIRECT_OP_WRITE,
+            file,
+            reg,
+            buf_offset,
+            file_offset,
+            len,
+            user_data,
+            options,
+        )
+    }
+
+    /// Adds an entry with a raw `enum gdirect_op` value (test programs send bad ones on purpose).
+    #[doc(hidden)]
     #[allow(clippy::too_many_arguments, reason = "the fields of one transfer")]
     pub fn push(
         &mut self,

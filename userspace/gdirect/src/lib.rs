@@ -36,6 +36,16 @@ mod pci;
 mod registration;
 mod sys;
 
+/// The kernel's path decision, tested here (see `sys::path_decision`).
+#[cfg(test)]
+#[allow(
+    dead_code,
+    unreachable_pub,
+    reason = "shared with the kernel, which uses all of it"
+)]
+#[path = "../../../kernel/path.rs"]
+mod kernel_path;
+
 pub use driver::{Driver, Info, Provider, Version, ABI_VERSION, DEFAULT_DEVICE_PATH};
 pub use error::{Errno, Error, Result};
 pub use io::{
@@ -50,8 +60,9 @@ pub use registration::{MapType, PeerMap, RegisterOptions, Registration};
 #[doc(hidden)]
 pub mod raw {
     pub use crate::sys::{
-        gdirect_info_args, gdirect_query_args, gdirect_register_args, gdirect_unregister_args,
-        GDIRECT_IOC_GET_INFO, GDIRECT_IOC_MAGIC, GDIRECT_IOC_QUERY, GDIRECT_IOC_REGISTER,
-        GDIRECT_IOC_UNREGISTER, GDIRECT_REGISTER_PERSISTENT,
+        gdirect_info_args, gdirect_io_args, gdirect_query_args, gdirect_register_args,
+        gdirect_unregister_args, GDIRECT_IOC_GET_INFO, GDIRECT_IOC_MAGIC, GDIRECT_IOC_QUERY,
+        GDIRECT_IOC_READ, GDIRECT_IOC_REGISTER, GDIRECT_IOC_UNREGISTER, GDIRECT_IOC_WRITE,
+        GDIRECT_REGISTER_PERSISTENT,
     };
 }

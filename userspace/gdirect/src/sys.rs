@@ -172,3 +172,98 @@ mod abi {
         assert_eq!(GDIRECT_IOC_GET_INFO as u64, expected as u64);
     }
 }
+
+/// The kernel's path decision (`kernel/path.rs`), compiled here too: its values must be the
+/// header's, and every case is exercised, including those no hardware here can show.
+#[cfg(test)]
+mod path_decision {
+    use crate::kernel_path as kpath;
+    use kpath::{decide, Facts, Memory, Reach};
+
+    use super::*;
+
+    #[test]
+    fn values_are_the_headers() {
+        assert_eq!(kpath::PATH_P2P, GDIRECT_PATH_P2P);
+        assert_eq!(kpath::PATH_BOUNCE, GDIRECT_PATH_BOUNCE);
+        assert_eq!(kpath::PATH_HOST, GDIRECT_PATH_HOST);
+        assert_eq!(kpath::REASON_NONE, GDIRECT_REASON_NONE);
+        assert_eq!(kpath::REASON_FORCED, GDIRECT_REASON_FORCED);
+        assert_eq!(kpath::REASON_QUEUE_NO_P2P, GDIRECT_REASON_QUEUE_NO_P2P);
+        assert_eq!(kpath::REASON_DISTANCE, GDIRECT_REASON_DISTANCE);
+        assert_eq!(kpath::REASON_NO_PAGES, GDIRECT_REASON_NO_PAGES);
+        assert_eq!(kpath::REASON_NO_DMA_DEVICE, GDIRECT_REASON_NO_DMA_DEVICE);
+    }
+
+    fn facts(memory: Memory, queue_p2p: bool, reach: Reach) -> Facts {
+        Facts {
+            force_bounce: false,
+            memory,
+            queue_p2p,
+            reach,
+        }
+    }
+
+    #[test]
+    fn p2p_needs_queue_pages_and_reach() {
+        // An NVMe under the same switch as the GPU, or a hardware RNIC whose nvme-rdma queues
+        // are P2P-capable and that reaches the GPU.
+        assert_eq!(
+            decide(facts(Memory::DevicePages, true, Reach::Supported)),
+            (GDIRECT_PATH_P2P, GDIRECT_REASON_NONE)
+        );
+        // The NVMe across a host bridge the kernel does not allow.
+        assert_eq!(
+            decide(facts(Memory::DevicePages, true, Reach::NotSupported)),
+            (GDIRECT_PATH_BOUNCE, GDIRECT_REASON_DISTANCE)
+        );
+        // A P2P queue whose DMA device cannot be found.
+        assert_eq!(
+            decide(facts(Memory::DevicePages, true, Reach::Unknown)),
+            (GDIRECT_PATH_BOUNCE, GDIRECT_REASON_NO_DMA_DEVICE)
+        );
+    }
+
+    #[test]
+    fn queues_without_p2p_bounce_whatever_the_reach() {
+        // nvme-tcp, nvme-rdma over soft-RoCE or siw, nvme-loop: the queue does not take P2P
+        // pages even when a DMA device exists that could reach the memory.
+        for reach in [Reach::Supported, Reach::NotSupported, Reach::Unknown] {
+            assert_eq!(
+                decide(facts(Memory::DevicePages, false, reach)),
+                (GDIRECT_PATH_BOUNCE, GDIRECT_REASON_QUEUE_NO_P2P)
+            );
+        }
+    }
+
+    #[test]
+    fn memory_decides_before_the_queue() {
+        for queue_p2p in [false, true] {
+            for reach in [Reach::Supported, Reach::NotSupported, Reach::Unknown] {
+                assert_eq!(
+                    decide(facts(Memory::Host, queue_p2p, reach)),
+                    (GDIRECT_PATH_HOST, GDIRECT_REASON_NONE)
+                );
+                assert_eq!(
+                    decide(facts(Memory::DeviceNoPages, queue_p2p, reach)),
+                    (GDIRECT_PATH_BOUNCE, GDIRECT_REASON_NO_PAGES)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn forcing_wins_over_everything() {
+        for memory in [Memory::Host, Memory::DevicePages, Memory::DeviceNoPages] {
+            for queue_p2p in [false, true] {
+                let f = Facts {
+                    force_bounce: true,
+                    memory,
+                    queue_p2p,
+                    reach: Reach::Supported,
+                };
+                assert_eq!(decide(f), (GDIRECT_PATH_BOUNCE, GDIRECT_REASON_FORCED));
+            }
+        }
+    }
+}

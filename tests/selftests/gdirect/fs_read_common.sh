@@ -1,0 +1,79 @@
+# SPDX-License-Identifier: GPL-2.0
+#
+# The body of read_ext4.sh and read_xfs.sh: sourced after gdirect_common.sh
+# with FS set to ext4 or xfs. Formats a namespace of the switch NVMe, fills
+# files from regions of the raw namespace (bytes the host knows), and reads
+# them into GPU memory: a plain file, a sparse one (holes read as zeros) and one
+# that ends within a block (a short read at EOF, reported). The host compares
+# its /dev/shm file with its drive image and with zeros.
+
+mnt=/mnt/gdirect-$FS
+cleanup() {
+	umount "$mnt" 2>/dev/null
+	_unload_all
+}
+trap cleanup EXIT
+
+_require_root
+case $FS in
+ext4) _require_cmd gdirect jq mke2fs ;;
+xfs) _require_cmd gdirect jq mkfs.xfs ;;
+esac
+_load_all || ktap_exit_fail_msg "cannot load the modules"
+raw=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
+case $FS in
+ext4) nsid=2 ;;
+xfs) nsid=3 ;;
+esac
+fsdev=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL" $nsid) || ktap_exit_fail_msg "no namespace $nsid"
+MiB=1048576
+
+ktap_print_header
+ktap_set_plan 13
+
+make_fs() {
+	case $FS in
+	ext4) /usr/sbin/mke2fs -q -F -t ext4 "$fsdev" ;; # not busybox's applet: it has no -t
+	xfs) mkfs.xfs -q -f "$fsdev" ;;
+	esac && mkdir -p "$mnt" && mount -t "$FS" "$fsdev" "$mnt"
+}
+_test "$FS made on $fsdev (a namespace of the switch NVMe) and mounted" make_fs
+
+# plain: raw bytes [2 MiB, 6 MiB); sparse: 1 MiB from 8 MiB, a 2 MiB hole, 1 MiB
+# from 9 MiB; short: 1 MiB + 1000 bytes from 12 MiB.
+fill() {
+	dd if="$raw" of="$mnt/plain" bs=1M skip=2 count=4 2>/dev/null &&
+		dd if="$raw" of="$mnt/sparse" bs=1M skip=8 count=1 2>/dev/null &&
+		dd if="$raw" of="$mnt/sparse" bs=1M skip=9 seek=3 count=1 conv=notrunc 2>/dev/null &&
+		dd if="$raw" bs=1M skip=12 count=2 2>/dev/null | head -c $((MiB + 1000)) >"$mnt/short" &&
+		sync && echo 3 >/proc/sys/vm/drop_caches
+}
+_test "files written from the raw namespace" fill
+holes() { [ "$(stat -c %b "$mnt/sparse")" -lt $((4 * MiB / 512)) ]; }
+_test "the sparse file has holes ($(stat -c %b "$mnt/sparse") blocks of 512 for 4 MiB)" holes
+
+_test "plain: 4 MiB read into GPU memory" _gd_read "$mnt/plain" --mem gpu
+_test "plain: peer to peer from the switch NVMe" _expect_eq path "p2p none" "$(_rj .path) $(_rj .reason)"
+_test "plain: the host finds the raw bytes in GPU memory" \
+	_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((2 * MiB)) $((4 * MiB))
+
+_test "sparse: 4 MiB read" _gd_read "$mnt/sparse" --mem gpu
+_test "sparse: all 4 MiB, no EOF" _expect_eq "bytes eof" "$((4 * MiB)) false" "$(_rj .bytes) $(_rj .eof)"
+bar=$(_rj .memory.bar_offset)
+sparse_ok() {
+	_host_compare "gpu:$bar" nvme0:$((8 * MiB)) $MiB &&
+		_host_compare "gpu:$((bar + MiB))" zero:0 $((2 * MiB)) &&
+		_host_compare "gpu:$((bar + 3 * MiB))" nvme0:$((9 * MiB)) $MiB
+}
+_test "sparse: data where written, zeros in the hole (host check)" sparse_ok
+
+_test "short: a 2 MiB read of a 1 MiB + 1000 byte file succeeds" _gd_read "$mnt/short" --mem gpu --len 2M
+_test "short: it stops at the end of the file and says so" \
+	_expect_eq "bytes eof" "$((MiB + 1000)) true" "$(_rj .bytes) $(_rj .eof)"
+bar=$(_rj .memory.bar_offset)
+short_ok() {
+	_host_compare "gpu:$bar" nvme0:$((12 * MiB)) $MiB &&
+		_host_compare "gpu:$((bar + MiB))" nvme0:$((13 * MiB)) 1000
+}
+_test "short: the bytes up to the end are the file's (host check)" short_ok
+_test "the file system unmounts cleanly" umount "$mnt"

@@ -1,0 +1,35 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# A read from the NVMe on the other root port cannot go peer to peer (the host
+# bridge is not on the kernel's P2PDMA allowlist): it bounces, says the reason
+# is the PCI distance, counts the bytes that went through host memory, and the
+# bytes in GPU memory are still exactly the drive image's.
+
+. "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+
+trap _unload_all EXIT
+
+_require_root
+_require_cmd gdirect jq
+_load_all || ktap_exit_fail_msg "cannot load the modules"
+dev=$(_nvme_ns_by_serial "$GDIRECT_NVME1_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME1_SERIAL"
+
+ktap_print_header
+ktap_set_plan 6
+
+bounced_before=$(_stat bounce read bounce_bytes)
+_test "8 MiB read into GPU memory" _gd_read "$dev" --mem gpu --len 8M
+_test "the path is bounce, for distance" _expect_eq path "bounce distance" "$(_rj .path) $(_rj .reason)"
+_test "all 8 MiB went through host memory" _expect_eq bounce_bytes 8388608 "$(_rj .bounce_bytes)"
+_test "the stats count them as bounced" _expect_eq "bounced" $((bounced_before + 8388608)) "$(_stat bounce read bounce_bytes)"
+_test "the host's /dev/shm holds the drive image's bytes" \
+	_host_compare "gpu:$(_rj .memory.bar_offset)" nvme1:0 8388608
+forced() {
+	_gd_read "$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL")" --mem gpu --len 4M --force-bounce &&
+		_expect_eq path "bounce forced" "$(_rj .path) $(_rj .reason)" &&
+		_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:0 4194304
+}
+_test "a forced bounce from the switch NVMe says so, and is exact too" forced
+
+ktap_finished

@@ -1,0 +1,34 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# 1,000 reads of random offsets and lengths (512 B to 1 MiB, some past the end
+# of the device) from both NVMe drives into random places of GPU memory, a
+# quarter forced to bounce: every byte of every read compared with a buffered
+# read of the same range, the end of the device reported, and the last read
+# checked from the host.
+
+. "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+
+trap _unload_all EXIT
+
+_require_root
+_require_cmd gdirect-io
+_load_all || ktap_exit_fail_msg "cannot load the modules"
+n0=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
+n1=$(_nvme_ns_by_serial "$GDIRECT_NVME1_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME1_SERIAL"
+seed=${GDIRECT_SEED:-$(date +%s)}
+
+ktap_print_header
+ktap_set_plan 4
+
+out=$(gdirect-io random 1000 "$seed" "$n0" "$n1")
+rc=$?
+echo "$out" | grep FAIL | head -n 5 | while read -r l; do ktap_print_msg "$l"; done
+ktap_print_msg "$(echo "$out" | tail -n 1) (seed $seed: GDIRECT_SEED=$seed replays it)"
+_test "1,000 reads, every byte equal to the reference" _expect_eq "exit status" 0 "$rc"
+_test "all 1,000 were made" _expect_eq reads 1000 "$(_kv "$(echo "$out" | tail -n 1)" reads)"
+both() { [ "$(_kv "$(echo "$out" | tail -n 1)" p2p)" -gt 0 ] && [ "$(_kv "$(echo "$out" | tail -n 1)" bounce)" -gt 0 ]; }
+_test "both the P2P and the bounce path were taken" both
+_test "reads past the end of the device were short and said so" sh -c "[ $(_kv "$(echo "$out" | tail -n 1)" eof) -gt 0 ]"
+
+ktap_finished

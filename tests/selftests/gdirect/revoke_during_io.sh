@@ -1,0 +1,34 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# GPU memory freed (cudaFree) while 128 batched reads into it are in flight:
+# each read either completes in full or fails with ENOLINK, the free returns
+# only when no read can touch the memory any more - its bytes do not change
+# after it returns - later uses fail with ENOLINK, and nothing stays pinned.
+
+. "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+
+trap _unload_all EXIT
+
+_require_root
+_require_cmd gdirect-io
+_load_all || ktap_exit_fail_msg "cannot load the modules"
+n0=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
+
+ktap_print_header
+ktap_set_plan 6
+
+out=$(gdirect-io revoke "$n0")
+rc=$?
+ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
+first=$(echo "$out" | head -n 1)
+_test "the scenario ran" _expect_eq "exit status" 0 "$rc"
+_test "every read completed in full or failed with ENOLINK" _expect_eq "other outcomes" 0 "$(_kv "$first" other)"
+_test "all 128 were accounted for" _expect_eq total 128 "$(( $(_kv "$first" completed_ok) + $(_kv "$first" revoked) ))"
+_test "no byte of the memory changed after the free returned" \
+	_expect_eq unchanged true "$(_kv "$out" unchanged_after_revocation)"
+_test "a later use fails with ENOLINK" _expect_eq use ENOLINK "$(_kv "$out" use_after)"
+_test "nothing stays registered or pinned" \
+	_expect_eq counters "0 0" "$(_kv "$out" registrations) $(_kv "$out" pinned_bytes)"
+
+ktap_finished
