@@ -16,7 +16,7 @@ _load_all || ktap_exit_fail_msg "cannot load the modules"
 dev=$(_nvme_ns_by_serial "$GDIRECT_NVME1_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME1_SERIAL"
 
 ktap_print_header
-ktap_set_plan 6
+ktap_set_plan 7
 
 bounced_before=$(_stat bounce read bounce_bytes)
 _test "8 MiB read into GPU memory" _gd_read "$dev" --mem gpu --len 8M
@@ -31,5 +31,11 @@ forced() {
 		_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:0 4194304
 }
 _test "a forced bounce from the switch NVMe says so, and is exact too" forced
+cmb() {
+	_gd_read "$dev" --mem p2pmem --len 1M --verify "$dev" &&
+		_expect_eq "memory path reason" "p2pmem distance" "$(_rj .memory.kind) $(_rj .reason)" &&
+		_expect_eq verified true "$(_rj .verified)"
+}
+_test "into the CMB of the switch NVMe (p2pmem): bounced for distance, verified" cmb
 
 ktap_finished

@@ -39,8 +39,9 @@ enum Command {
     ///
     /// Exit status: 0 on success, 1 on any error.
     Query {
-        /// The memory: `host` (a buffer of this process), `egpu` (the test rig's emulated GPU,
-        /// through the nvidia provider) or `p2pmem:BDF` (P2P memory published by that PCI device).
+        /// The memory: `host` (a buffer of this process), `gpu` (the test rig's emulated GPU,
+        /// through the nvidia provider) or `p2pmem` (P2P memory published by the first device
+        /// that has some; `p2pmem:BDF` for that device).
         #[arg(long, default_value = "host")]
         mem: String,
         /// Bytes to allocate and register (suffixes K, M, G).
@@ -66,7 +67,8 @@ enum Command {
     Read {
         /// The file, opened with O_DIRECT.
         file: PathBuf,
-        /// The memory: `gpu` (the rig's emulated GPU), `host` or `p2pmem:BDF`.
+        /// The memory: `gpu` (the rig's emulated GPU), `host`, or `p2pmem` (P2P memory of the
+        /// first device that publishes some, or `p2pmem:BDF` of that one).
         #[arg(long, default_value = "gpu")]
         mem: String,
         /// Where in the file to start (a multiple of its logical block size; K, M, G suffixes).
@@ -98,7 +100,8 @@ enum Command {
         /// Where the bytes come from (copied into device memory by the CPU first).
         #[arg(long)]
         from: PathBuf,
-        /// The memory: `gpu` (the rig's emulated GPU), `host` or `p2pmem:BDF`.
+        /// The memory: `gpu` (the rig's emulated GPU), `host`, or `p2pmem` (P2P memory of the
+        /// first device that publishes some, or `p2pmem:BDF` of that one).
         #[arg(long, default_value = "gpu")]
         mem: String,
         /// Where in the file to write (a multiple of its logical block size).
@@ -430,6 +433,7 @@ impl Mem {
         })?;
         match spec.split_once(':') {
             None if spec == "host" => Ok(Self::Host(HostBuffer::new(len)?)),
+            None if spec == "p2pmem" => Ok(Self::P2p(P2pMem::allocate_any(len)?)),
             None if spec == "egpu" || spec == "gpu" => Ok(Self::Egpu(
                 Egpu::open()?
                     .alloc(size.div_ceil(gdirect::egpu::PAGE_SIZE) * gdirect::egpu::PAGE_SIZE)?,
@@ -442,7 +446,7 @@ impl Mem {
                 Ok(Self::P2p(P2pMem::allocate(dev, len)?))
             }
             _ => Err(Error::Allocation {
-                what: format!("memory of kind '{spec}' (use gpu, host or p2pmem:BDF)"),
+                what: format!("memory of kind '{spec}' (use gpu, host, p2pmem or p2pmem:BDF)"),
                 errno: gdirect::Errno::EINVAL,
             }),
         }

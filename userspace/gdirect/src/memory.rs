@@ -163,6 +163,29 @@ impl P2pMem {
         })
     }
 
+    /// Allocates from the first PCI device that publishes P2P memory (`p2pmem/published`).
+    pub fn allocate_any(len: usize) -> Result<Self> {
+        let published = |d: &std::fs::DirEntry| {
+            std::fs::read_to_string(d.path().join("p2pmem/published"))
+                .is_ok_and(|v| v.trim() == "1")
+        };
+        let mut devices: Vec<PciAddress> = std::fs::read_dir("/sys/bus/pci/devices")
+            .map_err(|e| Error::Allocation {
+                what: "a list of PCI devices".into(),
+                errno: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(nix::libc::EIO)),
+            })?
+            .filter_map(|d| d.ok())
+            .filter(published)
+            .filter_map(|d| d.file_name().to_string_lossy().parse().ok())
+            .collect();
+        devices.sort();
+        let device = devices.first().copied().ok_or(Error::Allocation {
+            what: format!("{len} bytes of P2P memory: no PCI device publishes any"),
+            errno: nix::errno::Errno::ENODEV,
+        })?;
+        Self::allocate(device, len)
+    }
+
     /// The device the memory belongs to.
     pub fn device(&self) -> PciAddress {
         self.device
