@@ -194,7 +194,7 @@ impl Batches {
                 path: o.path,
                 reason: o.reason,
                 result_flags: if o.eof { crate::uapi::RESULT_EOF } else { 0 },
-                pad: 0,
+                transport: o.transport,
                 bounce_bytes: o.bounce_bytes,
             },
             Err(e) => Cqe {

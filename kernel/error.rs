@@ -14,9 +14,10 @@ fn errno(code: u32) -> Error {
     Error::from_errno(-(code as i32))
 }
 
-/// `ENOLINK`: the provider took the memory back; the registration is revoked.
+/// `EKEYREVOKED`: the provider took the memory back; the registration is revoked. Not
+/// `ENOLINK`, which the block layer returns for transport errors of a transfer.
 pub(crate) fn revoked() -> Error {
-    errno(bindings::ENOLINK)
+    errno(bindings::EKEYREVOKED)
 }
 
 /// `ESTALE`: the handle was unregistered already.

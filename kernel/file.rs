@@ -316,7 +316,7 @@ impl GdirectFile {
         let shared = RegShared::new()?;
         let pinned = provider::pin(args.provider, args.addr, args.len, args.flags, &shared)?;
         let page_size = pinned.page_size;
-        let page_count = args.len / page_size;
+        let page_count = pinned.page_count;
         let reg = Registration {
             provider: args.provider,
             len: args.len,
@@ -343,7 +343,7 @@ impl GdirectFile {
         }
 
         args.handle = (u64::from(self.cookie) << 32) | u64::from(index);
-        args.page_size = page_size;
+        args.page_size = page_size.get();
         args.page_count = page_count;
         if let Err(e) = writer.write(&args) {
             // The caller cannot learn the handle: do not leave the memory pinned.
@@ -419,7 +419,7 @@ impl GdirectFile {
         })?;
         args.map_type = map_type;
         args.entries = entries;
-        args.page_size = reg.page_size;
+        args.page_size = reg.page_size.get();
         args.page_count = reg.page_count;
         args.owner = reg.owner.as_ref().map_or(u64::MAX, |o| o.id());
         writer.write(&args)?;
@@ -432,7 +432,7 @@ impl GdirectFile {
     fn transfer(&self, user: UserSlice, dir: Dir) -> Result<isize> {
         let (mut reader, mut writer) = user.reader_writer();
         let mut args: IoArgs = reader.read()?;
-        if args.pad != 0 || args.reserved.iter().any(|&r| r != 0) {
+        if args.reserved.iter().any(|&r| r != 0) {
             return Err(EINVAL);
         }
         let reg = self.lookup(args.handle)?;
@@ -450,6 +450,7 @@ impl GdirectFile {
         args.path = outcome.path;
         args.reason = outcome.reason;
         args.result_flags = if outcome.eof { uapi::RESULT_EOF } else { 0 };
+        args.transport = outcome.transport;
         args.bounce_bytes = outcome.bounce_bytes;
         writer.write(&args)?;
         Ok(0)

@@ -19,7 +19,7 @@
 //! or a copy may touch them, so a revocation waits for it and nothing is written into memory
 //! after its revocation returns.
 
-use core::ffi::c_void;
+use core::{ffi::c_void, num::NonZeroU64};
 use kernel::{
     bindings,
     fs::{
@@ -61,6 +61,7 @@ unsafe extern "C" {
     // rejects cross as `void *`: `kiocb`/`file`, `request_queue`.
     fn gdirect_init_sync_kiocb(kiocb: *mut c_void, file: *mut c_void);
     fn gdirect_blk_queue_pci_p2pdma(q: *mut c_void) -> bool;
+    fn gdirect_get_capacity(disk: *mut c_void) -> u64;
     fn gdirect_pfn_valid(pfn: usize) -> i32;
     fn gdirect_pfn_to_page(pfn: usize) -> *mut c_void;
     fn gdirect_page_address(page: *mut c_void) -> *mut c_void;
@@ -91,16 +92,26 @@ pub(crate) struct Outcome {
     pub(crate) bytes: u64,
     pub(crate) path: u32,
     pub(crate) reason: u32,
+    pub(crate) transport: u32,
     pub(crate) eof: bool,
     pub(crate) bounce_bytes: u64,
 }
 
+/// The smallest logical block there is.
+const SECTOR: NonZeroU64 = NonZeroU64::new(512).unwrap();
+
 /// The block device behind a file, as far as the data path cares.
 struct Target {
-    logical_block_size: u64,
+    logical_block_size: NonZeroU64,
     queue_p2p: bool,
     /// The PCI device that DMAs for the storage (the NVMe controller), if one is found.
     dma_dev: Option<ARef<pci::Device>>,
+    /// `GDIRECT_TRANSPORT_*`.
+    transport: u32,
+    /// The disk, for telling a device that went away from one that ended.
+    disk: *mut bindings::gendisk,
+    /// The disk's size in sectors when the transfer started.
+    sectors: u64,
 }
 
 impl Target {
@@ -130,15 +141,115 @@ impl Target {
             ((*disk).queue, &raw mut (*(*disk).part0).bd_device)
         };
         // SAFETY: as above.
-        let logical_block_size = u64::from(unsafe { (*queue).limits.logical_block_size }).max(512);
+        let logical_block_size =
+            NonZeroU64::new(u64::from(unsafe { (*queue).limits.logical_block_size }))
+                .map_or(SECTOR, |lbs| lbs.max(SECTOR));
         // SAFETY: as above.
         let queue_p2p = unsafe { gdirect_blk_queue_pci_p2pdma(queue.cast()) };
+        let dma_dev = pci_ancestor(disk_dev);
+        // SAFETY: as above.
+        let disk = unsafe { (*bdev).bd_disk };
+        let transport = match nvme_transport(disk_dev) {
+            Some(t) => t,
+            None if dma_dev.is_some() => uapi::TRANSPORT_PCIE,
+            None => uapi::TRANSPORT_UNKNOWN,
+        };
+        // SAFETY: as above.
+        let sectors = unsafe { gdirect_get_capacity(disk.cast()) };
         Ok(Self {
             logical_block_size,
             queue_p2p,
-            dma_dev: pci_ancestor(disk_dev),
+            dma_dev,
+            transport,
+            disk,
+            sectors,
         })
     }
+
+    /// `ENODEV` if the disk has gone away (deleted, hot-removed) since the file was opened, or
+    /// is going: a driver removing a disk first sets its size to zero (`nvme_ns_remove()`), and
+    /// a read in that window ends early as if at the end of the device.
+    fn check_live(&self) -> Result {
+        // SAFETY: the disk of an open file's block device outlives the file.
+        let live = unsafe { bindings::disk_live(self.disk) };
+        // SAFETY: as above.
+        let emptied = self.sectors != 0 && unsafe { gdirect_get_capacity(self.disk.cast()) } == 0;
+        if live && !emptied {
+            Ok(())
+        } else {
+            Err(ENODEV)
+        }
+    }
+}
+
+/// The transport of the NVMe controller at or above `dev`, from the controller's own
+/// `transport` attribute (`nvme_sysfs_show_transport`): the driver-model way to ask it, since
+/// `struct nvme_ctrl` is private to the NVMe core.
+fn nvme_transport(mut dev: *mut bindings::device) -> Option<u32> {
+    let page = kernel::page::Page::alloc_page(GFP_KERNEL).ok()?;
+    while !dev.is_null() {
+        // SAFETY: `dev` and its ancestors are valid while the disk below them is; the show
+        // function writes at most a page into `buf`, a page-aligned page we own.
+        let n = unsafe {
+            match device_attr(dev, c"transport") {
+                Some(attr) => {
+                    let buf = gdirect_page_address(page.as_ptr().cast()).cast::<u8>();
+                    let show = (*attr).__bindgen_anon_1.show?;
+                    let n = show(dev, attr, buf.cast());
+                    (n > 0).then(|| {
+                        core::slice::from_raw_parts(buf, (n as usize).min(PAGE_SIZE as usize))
+                    })
+                }
+                None => None,
+            }
+        };
+        if let Some(text) = n {
+            let name = text.split(|b| *b == b'\n').next().unwrap_or(&[]);
+            return Some(match name {
+                b"pcie" => uapi::TRANSPORT_PCIE,
+                b"rdma" => uapi::TRANSPORT_RDMA,
+                b"tcp" => uapi::TRANSPORT_TCP,
+                b"loop" => uapi::TRANSPORT_LOOP,
+                b"fc" => uapi::TRANSPORT_FC,
+                _ => uapi::TRANSPORT_UNKNOWN,
+            });
+        }
+        // SAFETY: as above.
+        dev = unsafe { (*dev).parent };
+    }
+    None
+}
+
+/// The device attribute `name` among `dev`'s attribute groups, if it has one.
+///
+/// # Safety
+///
+/// `dev` is a valid device.
+unsafe fn device_attr(
+    dev: *mut bindings::device,
+    name: &CStr,
+) -> Option<*mut bindings::device_attribute> {
+    // SAFETY: the groups of a registered device are NULL-terminated arrays of valid groups,
+    // whose attribute arrays are NULL-terminated too, and live as long as the device.
+    unsafe {
+        let mut groups = (*dev).groups;
+        while !groups.is_null() && !(*groups).is_null() {
+            let mut attrs = (**groups).__bindgen_anon_2.attrs;
+            while !attrs.is_null() && !(*attrs).is_null() {
+                let attr = *attrs;
+                if !(*attr).name.is_null() && CStr::from_char_ptr((*attr).name) == name {
+                    return Some(kernel::container_of!(
+                        attr,
+                        bindings::device_attribute,
+                        attr
+                    ));
+                }
+                attrs = attrs.add(1);
+            }
+            groups = groups.add(1);
+        }
+    }
+    None
 }
 
 /// The nearest PCI device at or above `dev` in the device tree, with a reference.
@@ -202,6 +313,7 @@ impl Transfer {
             return Err(EBADF);
         }
         let lbs = Target::of(&file)?.logical_block_size;
+        // `u64 % NonZeroU64`: no division-by-zero check, no panic path.
         if file_offset % lbs != 0 || buf_offset % lbs != 0 || len % lbs != 0 {
             return Err(ERANGE);
         }
@@ -218,9 +330,14 @@ impl Transfer {
 
     /// Runs the transfer and records it in the statistics.
     pub(crate) fn run(&self) -> (u32, Result<Outcome>) {
+        let _active = stats::ActiveTransfer::new();
         // SAFETY: no preconditions.
         let start = unsafe { bindings::ktime_get() };
-        let (path, reason) = match self.decide() {
+        let target = match Target::of(&self.file) {
+            Ok(t) => t,
+            Err(e) => return (path::PATH_BOUNCE, Err(e)),
+        };
+        let (path, reason, transport) = match self.decide(&target) {
             Ok(d) => d,
             Err(e) => return (path::PATH_BOUNCE, Err(e)),
         };
@@ -228,10 +345,17 @@ impl Transfer {
             path::PATH_BOUNCE => self.bounce(),
             _ => self.direct(),
         }
+        // A read that came back short because the device went away is a failure, not an end
+        // of file: report no bytes as transferred.
+        .and_then(|(bytes, eof, bounced)| match eof {
+            true => target.check_live().map(|()| (bytes, eof, bounced)),
+            false => Ok((bytes, eof, bounced)),
+        })
         .map(|(bytes, eof, bounce_bytes)| Outcome {
             bytes,
             path,
             reason,
+            transport,
             eof,
             bounce_bytes,
         });
@@ -241,9 +365,9 @@ impl Transfer {
         (path, result)
     }
 
-    /// The path and the reason for it.
-    fn decide(&self) -> Result<(u32, u32)> {
-        let target = Target::of(&self.file)?;
+    /// The path, the reason for it, and the transport.
+    fn decide(&self, target: &Target) -> Result<(u32, u32, u32)> {
+        target.check_live()?;
         let memory = {
             let _use = self.reg.shared.begin_use()?;
             memory_kind(&self.reg)
@@ -256,12 +380,13 @@ impl Transfer {
             },
             (Some(_), None) => Reach::Supported,
         };
-        Ok(path::decide(Facts {
+        let (path, reason) = path::decide(Facts {
             force_bounce: self.force_bounce,
             memory,
             queue_p2p: target.queue_p2p,
             reach,
-        }))
+        });
+        Ok((path, reason, target.transport))
     }
 
     /// DMA straight between the file and the registration's pages.

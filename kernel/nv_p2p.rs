@@ -9,7 +9,7 @@
 //! rig's emulated GPU (`tests/egpu`) implements them, and includes this file so that both sides
 //! share one definition.
 
-use core::ffi::c_void;
+use core::{ffi::c_void, num::NonZeroU64};
 use kernel::{
     bindings,
     prelude::*, //
@@ -38,11 +38,11 @@ pub(crate) enum PageSize {
 
 impl PageSize {
     /// The page size the enum value names, in bytes.
-    pub(crate) fn from_raw(raw: u32) -> Option<u64> {
+    pub(crate) fn from_raw(raw: u32) -> Option<NonZeroU64> {
         match raw {
-            0 => Some(4 << 10),
-            1 => Some(64 << 10),
-            2 => Some(128 << 10),
+            0 => NonZeroU64::new(4 << 10),
+            1 => NonZeroU64::new(64 << 10),
+            2 => NonZeroU64::new(128 << 10),
             _ => None,
         }
     }

@@ -27,8 +27,6 @@ pub(crate) const REASON_QUEUE_NO_P2P: u32 = 2;
 pub(crate) const REASON_DISTANCE: u32 = 3;
 /// `GDIRECT_REASON_NO_PAGES`.
 pub(crate) const REASON_NO_PAGES: u32 = 4;
-/// `GDIRECT_REASON_NO_DMA_DEVICE`.
-pub(crate) const REASON_NO_DMA_DEVICE: u32 = 5;
 
 /// What the registered memory is, as far as the decision goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +42,8 @@ pub(crate) enum Memory {
 /// How the storage's DMA device reaches the memory (`topology::MapType`, or none found).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Reach {
-    /// No PCI DMA device was found for the storage.
+    /// No PCI DMA device was found below the storage: NVMe-oF, whose DMA device is the RDMA
+    /// adapter the transport uses. Its driver checks the reach when it maps the pages.
     Unknown,
     /// Peer to peer is not possible on this path.
     NotSupported,
@@ -68,8 +67,9 @@ pub(crate) struct Facts {
 /// The path and the reason for it: `(GDIRECT_PATH_*, GDIRECT_REASON_*)`.
 ///
 /// P2P only when the queue accepts P2P pages, the memory has them and the storage's DMA device
-/// reaches the memory; the first missing condition, in that order of cost to fix, is the
-/// reason for the bounce.
+/// reaches the memory (or, for a queue with no PCI device below it, its driver will check the
+/// reach when it maps the pages and fail rather than corrupt); the first missing condition is
+/// the reason for the bounce.
 pub(crate) fn decide(f: Facts) -> (u32, u32) {
     if f.force_bounce {
         return (PATH_BOUNCE, REASON_FORCED);
@@ -83,8 +83,7 @@ pub(crate) fn decide(f: Facts) -> (u32, u32) {
         return (PATH_BOUNCE, REASON_QUEUE_NO_P2P);
     }
     match f.reach {
-        Reach::Supported => (PATH_P2P, REASON_NONE),
+        Reach::Supported | Reach::Unknown => (PATH_P2P, REASON_NONE),
         Reach::NotSupported => (PATH_BOUNCE, REASON_DISTANCE),
-        Reach::Unknown => (PATH_BOUNCE, REASON_NO_DMA_DEVICE),
     }
 }

@@ -19,7 +19,7 @@
 //! Lock order: `RegShared::inner` is a leaf: nothing is called under it but allocation. Provider
 //! functions (nv-p2p) are called without it, under a `UseGuard` at most.
 
-use core::ffi::c_void;
+use core::{ffi::c_void, num::NonZeroU64};
 use kernel::{
     bindings, new_condvar, new_mutex, pci,
     prelude::*,
@@ -290,7 +290,7 @@ pub(crate) fn pci_id(dev: &pci::Device) -> u64 {
 pub(crate) struct Registration {
     pub(crate) provider: u32,
     pub(crate) len: u64,
-    pub(crate) page_size: u64,
+    pub(crate) page_size: NonZeroU64,
     pub(crate) page_count: u64,
     /// The PCI function whose memory this is; `None` for host memory.
     pub(crate) owner: Option<Owner>,
@@ -367,7 +367,7 @@ impl Registration {
                         dev,
                         page,
                         0,
-                        self.page_size as usize,
+                        self.page_size.get() as usize,
                         bindings::dma_data_direction_DMA_BIDIRECTIONAL,
                         0,
                     )
@@ -422,7 +422,7 @@ impl Registration {
                     bindings::dma_map_resource(
                         dev,
                         phys,
-                        self.page_size as usize,
+                        self.page_size.get() as usize,
                         bindings::dma_data_direction_DMA_BIDIRECTIONAL,
                         0,
                     )
@@ -444,7 +444,7 @@ impl Registration {
     /// Undoes a peer mapping. The caller holds a use of the pages.
     fn unmap(&self, mapping: PeerMapping) {
         let dev = peer_device(&mapping.peer);
-        let size = self.page_size as usize;
+        let size = self.page_size.get() as usize;
         let dir = bindings::dma_data_direction_DMA_BIDIRECTIONAL;
         match mapping.kind {
             PeerKind::Bus => {}

@@ -51,6 +51,13 @@ void gdirect_init_sync_kiocb(void *kiocb, void *file)
 	init_sync_kiocb(kiocb, file);
 }
 
+/* disk: struct gendisk * */
+u64 gdirect_get_capacity(void *disk);
+u64 gdirect_get_capacity(void *disk)
+{
+	return get_capacity((struct gendisk *)disk);
+}
+
 /* q: struct request_queue * */
 bool gdirect_blk_queue_pci_p2pdma(void *q);
 bool gdirect_blk_queue_pci_p2pdma(void *q)

@@ -32,6 +32,24 @@ pub(crate) static REGISTRATIONS: Atomic<u64> = Atomic::new(0);
 pub(crate) static PINNED_BYTES: Atomic<u64> = Atomic::new(0);
 /// Registrations revoked by their provider since load.
 pub(crate) static REVOCATIONS: Atomic<u64> = Atomic::new(0);
+/// Transfers running now, synchronous and batched.
+pub(crate) static ACTIVE_TRANSFERS: Atomic<u64> = Atomic::new(0);
+
+/// Counts a transfer as active while it lives.
+pub(crate) struct ActiveTransfer(());
+
+impl ActiveTransfer {
+    pub(crate) fn new() -> Self {
+        ACTIVE_TRANSFERS.fetch_add(1, Relaxed);
+        Self(())
+    }
+}
+
+impl Drop for ActiveTransfer {
+    fn drop(&mut self) {
+        ACTIVE_TRANSFERS.fetch_sub(1, Relaxed);
+    }
+}
 /// Live registrations per provider.
 pub(crate) static BY_PROVIDER: [Atomic<u64>; uapi::PROVIDER_COUNT as usize] =
     [Atomic::new(0), Atomic::new(0), Atomic::new(0)];
@@ -81,7 +99,7 @@ pub(crate) static IO: [[IoCounters; 2]; uapi::PATH_COUNT as usize] =
     [const { [IoCounters::new(), IoCounters::new()] }; 3];
 /// Transfers by path reason.
 pub(crate) static REASONS: [Atomic<u64>; uapi::REASON_COUNT as usize] =
-    [const { Atomic::new(0) }; 6];
+    [const { Atomic::new(0) }; uapi::REASON_COUNT as usize];
 
 /// The latency bucket of a transfer that took `ns` nanoseconds.
 fn bucket(ns: i64) -> usize {
@@ -114,14 +132,8 @@ pub(crate) fn record_io(path: u32, dir: Dir, reason: u32, result: &Result<Outcom
 /// The path names, as the CLI spells them.
 pub(crate) const PATH_NAMES: [&str; uapi::PATH_COUNT as usize] = ["p2p", "bounce", "host"];
 /// The reason names, as the CLI spells them.
-pub(crate) const REASON_NAMES: [&str; uapi::REASON_COUNT as usize] = [
-    "none",
-    "forced",
-    "queue_no_p2p",
-    "distance",
-    "no_pages",
-    "no_dma_device",
-];
+pub(crate) const REASON_NAMES: [&str; uapi::REASON_COUNT as usize] =
+    ["none", "forced", "queue_no_p2p", "distance", "no_pages"];
 
 fn write_stats(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
     writeln!(
@@ -157,6 +169,7 @@ fn write_counters(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
     writeln!(f, "registrations {}", REGISTRATIONS.load(Relaxed))?;
     writeln!(f, "pinned_bytes {}", PINNED_BYTES.load(Relaxed))?;
     writeln!(f, "revocations {}", REVOCATIONS.load(Relaxed))?;
+    writeln!(f, "active_transfers {}", ACTIVE_TRANSFERS.load(Relaxed))?;
     for (name, count) in PROVIDER_NAMES.iter().zip(BY_PROVIDER.iter()) {
         writeln!(f, "registrations_{name} {}", count.load(Relaxed))?;
     }

@@ -58,7 +58,20 @@ pub(crate) const MAP_HOST_MEMORY: u32 = 3;
 pub(crate) const PATH_COUNT: u32 = 3;
 
 /// `GDIRECT_REASON_COUNT`.
-pub(crate) const REASON_COUNT: u32 = 6;
+pub(crate) const REASON_COUNT: u32 = 5;
+
+/// `GDIRECT_TRANSPORT_UNKNOWN`.
+pub(crate) const TRANSPORT_UNKNOWN: u32 = 0;
+/// `GDIRECT_TRANSPORT_PCIE`.
+pub(crate) const TRANSPORT_PCIE: u32 = 1;
+/// `GDIRECT_TRANSPORT_RDMA`.
+pub(crate) const TRANSPORT_RDMA: u32 = 2;
+/// `GDIRECT_TRANSPORT_TCP`.
+pub(crate) const TRANSPORT_TCP: u32 = 3;
+/// `GDIRECT_TRANSPORT_LOOP`.
+pub(crate) const TRANSPORT_LOOP: u32 = 4;
+/// `GDIRECT_TRANSPORT_FC`.
+pub(crate) const TRANSPORT_FC: u32 = 5;
 
 /// `GDIRECT_IO_FORCE_BOUNCE`.
 pub(crate) const IO_FORCE_BOUNCE: u32 = 1;
@@ -187,7 +200,7 @@ uapi_struct! {
         path @ 48: u32,
         reason @ 52: u32,
         result_flags @ 56: u32,
-        pad @ 60: u32,
+        transport @ 60: u32,
         bounce_bytes @ 64: u64,
         reserved @ 72: [u64; 2],
     }
@@ -217,7 +230,7 @@ uapi_struct! {
         path @ 16: u32,
         reason @ 20: u32,
         result_flags @ 24: u32,
-        pad @ 28: u32,
+        transport @ 28: u32,
         bounce_bytes @ 32: u64,
     }
 }
@@ -267,12 +280,12 @@ uapi_struct! {
 
 uapi_struct! {
     /// Arguments of `GDIRECT_IOC_GET_STATS`.
-    pub(crate) struct StatsArgs: gdirect_stats_args, size 1224 {
+    pub(crate) struct StatsArgs: gdirect_stats_args, size 1216 {
         flags @ 0: u32,
         pad @ 4: u32,
         io @ 8: [[IoStats; 2]; 3],
-        reasons @ 1160: [u64; 6],
-        reserved @ 1208: [u64; 2],
+        reasons @ 1160: [u64; 5],
+        reserved @ 1200: [u64; 2],
     }
 }
 

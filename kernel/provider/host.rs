@@ -10,6 +10,7 @@ use super::{
     PinResult,
     Pinned,
     UserPages,
+    PAGE,
     PAGE_SIZE, //
 };
 
@@ -19,6 +20,7 @@ pub(crate) fn pin(addr: u64, len: u64) -> Result<PinResult> {
     Ok(PinResult {
         pinned: Pinned::User(pages),
         owner: None,
-        page_size: PAGE_SIZE,
+        page_size: PAGE,
+        page_count: len / PAGE_SIZE,
     })
 }

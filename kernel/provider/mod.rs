@@ -11,6 +11,7 @@
 //! [`pin`] turns a `REGISTER` request into [`Pinned`] memory; the registration owns it and drops
 //! it last.
 
+use core::num::NonZeroU64;
 use kernel::{
     bindings,
     prelude::*,
@@ -38,6 +39,8 @@ unsafe extern "C" {
 
 /// The CPU page size, the unit of the host and p2pdma providers.
 pub(crate) const PAGE_SIZE: u64 = bindings::PAGE_SIZE as u64;
+/// [`PAGE_SIZE`], as a divisor.
+pub(crate) const PAGE: NonZeroU64 = NonZeroU64::new(PAGE_SIZE).unwrap();
 
 /// A pinned user page.
 #[derive(Clone, Copy)]
@@ -148,11 +151,12 @@ impl Pinned {
     }
 }
 
-/// What [`pin`] returns: the memory, its owner device and its page size.
+/// What [`pin`] returns: the memory, its owner device, its page size and how many pages.
 pub(crate) struct PinResult {
     pub(crate) pinned: Pinned,
     pub(crate) owner: Option<Owner>,
-    pub(crate) page_size: u64,
+    pub(crate) page_size: NonZeroU64,
+    pub(crate) page_count: u64,
 }
 
 /// The alignment `REGISTER` requires of `addr` and `len` for a provider.

@@ -239,19 +239,21 @@ pub(crate) fn pin(
     let page_size = nv_p2p::PageSize::from_raw(t.page_size).ok_or(error::provider_unavailable())?;
     if !nv_p2p::version_compatible(t.version, nv_p2p::PAGE_TABLE_VERSION)
         || t.pages.is_null()
-        || u64::from(t.entries) * page_size != len
+        || u64::from(t.entries) * page_size.get() != len
     {
         return Err(error::provider_unavailable());
     }
     let owner = Owner::of_phys(pages.phys(0)).ok_or(ENXIO)?;
-    if (0..t.entries as usize).any(|i| !owner.contains(pages.phys(i), page_size)) {
+    if (0..t.entries as usize).any(|i| !owner.contains(pages.phys(i), page_size.get())) {
         return Err(ENXIO);
     }
+    let page_count = u64::from(t.entries);
     drop(_use);
     Ok(PinResult {
         pinned: Pinned::Nvidia(pages),
         owner: Some(owner),
         page_size,
+        page_count,
     })
 }
 

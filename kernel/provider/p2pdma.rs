@@ -11,6 +11,7 @@ use super::{
     PinResult,
     Pinned,
     UserPages,
+    PAGE,
     PAGE_SIZE, //
 };
 use crate::region::Owner;
@@ -38,6 +39,7 @@ pub(crate) fn pin(addr: u64, len: u64) -> Result<PinResult> {
     Ok(PinResult {
         pinned: Pinned::User(pages),
         owner: Some(owner),
-        page_size: PAGE_SIZE,
+        page_size: PAGE,
+        page_count: len / PAGE_SIZE,
     })
 }

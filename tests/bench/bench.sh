@@ -1,25 +1,55 @@
 #!/bin/sh
 # SPDX-License-Identifier: GPL-2.0
 #
-# The guest half of scripts/bench: 4 KiB random and 1 MiB sequential reads from
-# the NVMe under the GPU's switch - gdirect P2P into (emulated) GPU memory,
-# gdirect forced through the bounce pool, and plain O_DIRECT pread into host
-# memory - at queue depth 1 and 32. Lines starting "bench:" are the results.
+# The guest half of scripts/bench. Lines starting "bench:" are the results.
+#  paths:   4 KiB random and 1 MiB sequential reads from the NVMe under the GPU's
+#           switch - gdirect P2P into (emulated) GPU memory, gdirect forced
+#           through the bounce pool, plain O_DIRECT pread into host memory - at
+#           queue depth 1 and 32.
+#  fabrics: the same reads at queue depth 32 from the same namespace locally,
+#           over NVMe-oF/RDMA (soft-RoCE) and over NVMe-oF/TCP, gdirect into GPU
+#           memory (the path the module picks) and pread into host memory.
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+. "$GDIRECT_LIB/nvmeof_common.sh"
 
-trap _unload_all EXIT
+cleanup() {
+	_nvmeof_down
+	_unload_all
+}
+trap cleanup EXIT
 _load_all || { echo "cannot load the modules"; exit 1; }
 dev=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || exit 1
+RAND=${BENCH_RAND_OPS:-4000}
+SEQ=${BENCH_SEQ_OPS:-512}
 
 for pattern in rand4k seq1m; do
 	case $pattern in
-	rand4k) ops=${BENCH_RAND_OPS:-4000} ;;
-	seq1m) ops=${BENCH_SEQ_OPS:-512} ;;
+	rand4k) ops=$RAND ;;
+	seq1m) ops=$SEQ ;;
 	esac
 	for qd in 1 32; do
 		for mode in p2p bounce pread; do
-			echo "bench: $(gdirect-iobench "$dev" $mode $pattern $ops $qd)" || exit 1
+			echo "bench: section=paths where=local $(gdirect-iobench "$dev" $mode $pattern $ops $qd)" || exit 1
 		done
 	done
+done
+
+for where in local rdma tcp; do
+	target=$dev
+	if [ "$where" != local ]; then
+		nqn=$GDIRECT_NQN_PREFIX:bench-$where
+		_nvmeof_target_up "$where" "$nqn" "$dev" && _nvmeof_connect "$where" "$nqn" -Q 128 || exit 1
+		target=$NVMEOF_NS
+	fi
+	for pattern in rand4k seq1m; do
+		case $pattern in
+		rand4k) ops=$((RAND / 2)) ;;
+		seq1m) ops=$((SEQ / 4)) ;;
+		esac
+		for mode in p2p pread; do
+			echo "bench: section=fabrics where=$where $(gdirect-iobench "$target" $mode $pattern $ops 32)" || exit 1
+		done
+	done
+	[ "$where" != local ] && { _nvmeof_down || exit 1; }
 done

@@ -9,25 +9,25 @@
 # narration scripts/demo shows.
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+. "$GDIRECT_LIB/nvmeof_common.sh"
 
-nqn=nqn.2026-11.io.gdirect:demo
+nqn=$GDIRECT_NQN_PREFIX:demo
+mnt=/mnt/demo-remote
 say() { echo "demo: $*"; }
 fail() { say "FAILED: $*"; exit 1; }
 cleanup() {
-	nvme disconnect -n "$nqn" >/dev/null 2>&1
-	_nvmet_unexport "$nqn" 1
-	_rxe_down
-	_veth_down
+	umount "$mnt" 2>/dev/null
+	_nvmeof_down
 	_unload_all
 }
 trap cleanup EXIT
 
 # A GPU-targeted read, narrated, with the host's verdict on the bytes.
-# Usage: gpu_read DEVICE HOST_NAME:OFFSET LEN_MIB
+# Usage: gpu_read FILE HOST_NAME:OFFSET LEN_MIB
 gpu_read() {
 	say "   $ gdirect read $1 --mem gpu --len $3M"
 	out=$(gdirect read "$1" --mem gpu --len "$3M" --json) || fail "gdirect read $1"
-	say "     $(echo "$out" | jq -r '"\(.bytes) bytes into GPU memory at BAR offset \(.memory.bar_offset): path \(.path), reason \(.reason), \(.bounce_bytes) bytes through host memory"')"
+	say "     $(echo "$out" | jq -r '"\(.bytes) bytes into GPU memory at BAR offset \(.memory.bar_offset) over \(.transport): path \(.path), reason \(.reason), \(.bounce_bytes) bytes through host memory"')"
 	if _host_compare "gpu:$(echo "$out" | jq .memory.bar_offset)" "$2" $(($3 << 20)) >/dev/null; then
 		say "     host check: its /dev/shm file holds exactly the bytes it wrote into the drive image"
 	else
@@ -48,28 +48,30 @@ say "2. GPU-targeted reads: $near sits under the GPU's PCIe switch, $far on anot
 gpu_read "$near" nvme0:0 16
 gpu_read "$far" nvme1:0 8
 
-local_ns=$near
-say "3. export $local_ns as an NVMe-oF target over RDMA: soft-RoCE (rxe0) on veth gdv0, $GDIRECT_NVMEOF_ADDR:$GDIRECT_NVMEOF_PORT"
-_veth_up && _rxe_up && _nvmet_export "$nqn" "$local_ns" 1 rdma || fail "target setup"
+fsdev=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL" 2) || fail "no second namespace"
+say "3. an ext4 file system on $fsdev (another namespace of the switch NVMe) with an 8 MiB file, data.bin,"
+say "   copied from bytes of the drive image the host knows (offset 2 MiB)"
+mkdir -p "$mnt" && /usr/sbin/mke2fs -q -F -t ext4 "$fsdev" && mount -t ext4 "$fsdev" "$mnt" &&
+	dd if="$near" of="$mnt/data.bin" bs=1M skip=2 count=8 2>/dev/null && umount "$mnt" || fail "ext4 setup"
+
+say "4. the NVMe-oF target, as an operator sets it up: $fsdev exported over RDMA (soft-RoCE rxe0 on an"
+say "   in-guest veth, $GDIRECT_NVMEOF_ADDR:$GDIRECT_NVMEOF_PORT)"
+_nvmeof_target_up rdma "$nqn" "$fsdev" || fail "target setup"
 say "   $ nvme discover -t rdma -a $GDIRECT_NVMEOF_ADDR -s $GDIRECT_NVMEOF_PORT"
 nvme discover -t rdma -a "$GDIRECT_NVMEOF_ADDR" -s "$GDIRECT_NVMEOF_PORT" | grep -E '^(trtype|subnqn):' | sed 's/^/demo:     /'
-say "   $ nvme connect -t rdma -n $nqn -a $GDIRECT_NVMEOF_ADDR -s $GDIRECT_NVMEOF_PORT"
-nvme connect -t rdma -n "$nqn" -a "$GDIRECT_NVMEOF_ADDR" -s "$GDIRECT_NVMEOF_PORT" >/dev/null || fail "nvme connect"
-i=0
-until ns=$(_nvmeof_ns_by_nqn "$nqn") && [ -b "$ns" ]; do
-	i=$((i + 1))
-	[ $i -lt 50 ] || fail "no namespace appeared"
-	sleep 0.1
-done
-ctrl=$(_nvmeof_ctrl_by_nqn "$nqn")
-say "   controller $ctrl: transport $(cat /sys/class/nvme/$ctrl/transport), state $(cat /sys/class/nvme/$ctrl/state), namespace $ns"
+say "   $ nvme connect -t rdma -n $nqn -a $GDIRECT_NVMEOF_ADDR -s $GDIRECT_NVMEOF_PORT -Q 128"
+_nvmeof_connect rdma "$nqn" -Q 128 || fail "nvme connect"
+say "   controller $NVMEOF_CTRL: transport $(cat /sys/class/nvme/$NVMEOF_CTRL/transport), state $(cat /sys/class/nvme/$NVMEOF_CTRL/state), namespace $NVMEOF_NS"
+say "   $ gdirect check nvmeof"
+gdirect check nvmeof | sed -n '2p' | sed 's/^/demo:   /'
+mount -t ext4 "$NVMEOF_NS" "$mnt" || fail "mount of the remote namespace"
 
-say "4. a GPU-targeted read of the remote namespace (soft-RoCE cannot DMA peer to peer: it bounces, and says why)"
-gpu_read "$ns" nvme0:0 16
+say "5. a GPU-targeted read of data.bin on the remote namespace: GPU memory <- RDMA <- target <- NVMe"
+say "   (soft-RoCE cannot DMA peer to peer, so the module bounces, and says why; a hardware RNIC would not)"
+gpu_read "$mnt/data.bin" nvme0:$((2 << 20)) 8
 
-say "5. tear down: disconnect, remove the target, the rxe link and the veth, unload"
-nvme disconnect -n "$nqn" >/dev/null || fail "nvme disconnect"
-_nvmet_unexport "$nqn" 1 && _rxe_down && _veth_down
+say "6. tear down: unmount, disconnect, remove the target, the rxe link and the veth, unload"
+umount "$mnt" && _nvmeof_down || fail "teardown"
 _unload_all
 say "   $(gdirect info 2>&1 | head -n 1)"
 say "done"

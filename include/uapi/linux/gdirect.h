@@ -128,9 +128,10 @@ struct gdirect_info_args {
  *  ENOENT          no registration with this handle was ever made on this file.
  *  ESTALE          the handle was unregistered already.
  *  EPERM           the handle belongs to another open file of the device.
- *  ENOLINK         the provider took the memory back (for example cudaFree of
+ *  EKEYREVOKED     the provider took the memory back (for example cudaFree of
  *                  registered GPU memory): the registration is revoked. Only
- *                  UNREGISTER still works on it.
+ *                  UNREGISTER still works on it. (Not ENOLINK, which the block
+ *                  layer returns for transport errors of a transfer.)
  *  ENODEV          QUERY: no PCI device at that address.
  *  ENOMEM          out of memory.
  */
@@ -245,7 +246,11 @@ struct gdirect_query_args {
  *              block size of the file's block device.
  *  EOVERFLOW   buf_offset + len is past the end of the registration.
  *  ENOTBLK     the file is not on a block device (no direct I/O to route).
- *  EIO and the other errors of the file's read_iter/write_iter, passed on.
+ *  ENODEV      the file's block device went away (hot removal, an NVMe-oF
+ *              controller deleted): a transfer never reports the bytes it got
+ *              before that as a short success.
+ *  EIO, ENOLINK (transport), ETIMEDOUT and the other errors of the file's
+ *  read_iter/write_iter, passed on as the block layer reports them.
  *
  * A read that reaches the end of the file is short: bytes < len, and
  * GDIRECT_RESULT_EOF is set. Holes read as zeros.
@@ -273,9 +278,26 @@ enum gdirect_path_reason {
 	GDIRECT_REASON_DISTANCE = 3,
 	/* The provider's memory has no struct pages the block layer can use. */
 	GDIRECT_REASON_NO_PAGES = 4,
-	/* The storage's DMA device is not a PCI device the module can find. */
-	GDIRECT_REASON_NO_DMA_DEVICE = 5,
-	GDIRECT_REASON_COUNT = 6,
+	GDIRECT_REASON_COUNT = 5,
+};
+
+/*
+ * The storage transport of the file's block device, reported with every
+ * transfer: the NVMe controller's own `transport` (pcie, rdma, tcp, loop, fc).
+ * NVMe-oF over TCP and nvme-loop never take P2P pages; over RDMA they do when
+ * the RDMA device DMAs for real (a hardware RNIC), not with soft-RoCE (rxe) or
+ * soft-iWARP (siw), whose "DMA" is a CPU copy. For a queue that takes P2P pages
+ * but has no PCI device the module can find below it (NVMe-oF over an RNIC), the
+ * transfer goes peer to peer and the RDMA core checks the reach when it maps the
+ * pages: an unreachable memory fails the transfer, it never corrupts it.
+ */
+enum gdirect_transport {
+	GDIRECT_TRANSPORT_UNKNOWN = 0, /* not NVMe, no PCI device found */
+	GDIRECT_TRANSPORT_PCIE = 1, /* NVMe over PCIe, or another PCI block device */
+	GDIRECT_TRANSPORT_RDMA = 2,
+	GDIRECT_TRANSPORT_TCP = 3,
+	GDIRECT_TRANSPORT_LOOP = 4,
+	GDIRECT_TRANSPORT_FC = 5,
 };
 
 /* READ/WRITE and batch entry flags */
@@ -304,7 +326,7 @@ struct gdirect_io_args {
 	__u32 path; /* enum gdirect_path */
 	__u32 reason; /* enum gdirect_path_reason */
 	__u32 result_flags; /* GDIRECT_RESULT_* */
-	__u32 pad; /* must be 0 */
+	__u32 transport; /* enum gdirect_transport */
 	__u64 bounce_bytes; /* bytes that went through host memory */
 	/* in, must be 0 */
 	__u64 reserved[2];
@@ -360,7 +382,7 @@ struct gdirect_cqe {
 	__u32 path; /* enum gdirect_path */
 	__u32 reason; /* enum gdirect_path_reason */
 	__u32 result_flags; /* GDIRECT_RESULT_* */
-	__u32 pad;
+	__u32 transport; /* enum gdirect_transport */
 	__u64 bounce_bytes;
 };
 

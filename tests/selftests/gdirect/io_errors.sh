@@ -30,7 +30,7 @@ write_on_read_only EBADF
 closed_fd EBADF
 not_block_backed ENOTBLK
 unknown_handle ENOENT
-revoked ENOLINK
+revoked EKEYREVOKED
 batch_bad_op EINVAL@1
 batch_good_entry_completed 1
 "

@@ -7,8 +7,9 @@
 # byte with the drive and with the host's checksum, and a clean teardown.
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+. "$GDIRECT_LIB/nvmeof_common.sh"
 
-trap '_nvmeof_cleanup tcp' EXIT
+trap _nvmeof_down EXIT
 
 _require_root
 _require_cmd nvme ip

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: GPL-2.0
 #
 # Revocation: GPU memory freed while registered (as by cudaFree) runs the
-# registration's free callback; every later use fails with ENOLINK; the
+# registration's free callback; every later use fails with EKEYREVOKED; the
 # revocation is counted; UNREGISTER still works and every counter returns to
 # zero. A persistent registration is not revoked: the free is deferred until it
 # ends. Frees racing QUERY and UNREGISTER on another thread are safe.
@@ -26,7 +26,7 @@ _test "the memory is reachable before the free" _expect_eq map_type bus_addr "$(
 _test "freeing it runs one free callback" _expect_eq callbacks 1 "$(_kv "$out" free_callbacks)"
 _test "the GPU driver counted the callback" \
 	_expect_eq callbacks "$((callbacks_before + 1))" "$(_kv "$(_egpu_state)" callbacks)"
-_test "a later QUERY fails with ENOLINK" _expect_eq query ENOLINK "$(_kv "$out" query_after_free)"
+_test "a later QUERY fails with EKEYREVOKED" _expect_eq query EKEYREVOKED "$(_kv "$out" query_after_free)"
 _test "the revocation is counted" _expect_eq revocations 1 "$(_kv "$out" revocations_delta)"
 after=$(echo "$out" | sed -n 's/^after_unregister //p')
 _test "UNREGISTER of the revoked registration returns the counters to zero" \

@@ -2,9 +2,9 @@
 # SPDX-License-Identifier: GPL-2.0
 #
 # GPU memory freed (cudaFree) while 128 batched reads into it are in flight:
-# each read either completes in full or fails with ENOLINK, the free returns
+# each read either completes in full or fails with EKEYREVOKED, the free returns
 # only when no read can touch the memory any more - its bytes do not change
-# after it returns - later uses fail with ENOLINK, and nothing stays pinned.
+# after it returns - later uses fail with EKEYREVOKED, and nothing stays pinned.
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 
@@ -23,11 +23,11 @@ rc=$?
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
 first=$(echo "$out" | head -n 1)
 _test "the scenario ran" _expect_eq "exit status" 0 "$rc"
-_test "every read completed in full or failed with ENOLINK" _expect_eq "other outcomes" 0 "$(_kv "$first" other)"
+_test "every read completed in full or failed with EKEYREVOKED" _expect_eq "other outcomes" 0 "$(_kv "$first" other)"
 _test "all 128 were accounted for" _expect_eq total 128 "$(( $(_kv "$first" completed_ok) + $(_kv "$first" revoked) ))"
 _test "no byte of the memory changed after the free returned" \
 	_expect_eq unchanged true "$(_kv "$out" unchanged_after_revocation)"
-_test "a later use fails with ENOLINK" _expect_eq use ENOLINK "$(_kv "$out" use_after)"
+_test "a later use fails with EKEYREVOKED" _expect_eq use EKEYREVOKED "$(_kv "$out" use_after)"
 _test "nothing stays registered or pinned" \
 	_expect_eq counters "0 0" "$(_kv "$out" registrations) $(_kv "$out" pinned_bytes)"
 

@@ -10,6 +10,8 @@
 //!                                 eventfd notification, reap, every byte checked
 //!   errors DEV                    each bad transfer's errno, one `case=ERRNO` line each
 //!   revoke DEV                    free GPU memory while reads into it are in flight
+//!   inflight DEV COUNT            COUNT batched 1 MiB reads into GPU memory, all reaped: how many
+//!                                 completed and with which errno, and how long it took
 //! Exit status: 0 when every check passed, 1 when one failed, 2 on a usage or setup error.
 
 use std::{
@@ -46,6 +48,10 @@ fn main() -> ExitCode {
         Some("batch") if args.len() == 2 => batch(&args[1]),
         Some("errors") if args.len() == 2 => errors(&args[1]),
         Some("revoke") if args.len() == 2 => revoke(&args[1]),
+        Some("inflight") if args.len() == 3 => match args[2].parse() {
+            Ok(count) => inflight(&args[1], count),
+            _ => return usage(),
+        },
         _ => return usage(),
     };
     match result {
@@ -397,6 +403,64 @@ fn errors(dev: &str) -> gdirect::Result<()> {
     Ok(())
 }
 
+fn inflight(dev: &str, count: u64) -> gdirect::Result<()> {
+    const LEN: u64 = 1 << 20;
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let alloc = gpu.alloc(count * LEN)?;
+    let reg = driver.register(&alloc)?;
+    let file = File::open_direct(dev)?;
+    let mut b = Batch::new();
+    for i in 0..count {
+        b.read(&file, &reg, i * LEN, i * LEN, LEN, i);
+    }
+    let start = std::time::Instant::now();
+    let (mut submitted, mut reaped) = (0usize, 0usize);
+    let mut errnos: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    let mut ok = 0;
+    println!("started count={count}");
+    while reaped < b.len() {
+        if submitted < b.len() {
+            match driver.submit(&b, submitted) {
+                Ok(n) => submitted += n,
+                // The device went away between batches: what is left cannot be submitted.
+                Err(e) => {
+                    *errnos
+                        .entry(format!(
+                            "submit_{}",
+                            e.errno().map_or("?".into(), |e| format!("{e:?}"))
+                        ))
+                        .or_default() += (b.len() - submitted) as u64;
+                    reaped += b.len() - submitted;
+                    submitted = b.len();
+                }
+            }
+        }
+        for c in driver.reap(count as usize, true)? {
+            reaped += 1;
+            match c.result {
+                Ok(t) if t.bytes == LEN => ok += 1,
+                Ok(t) => *errnos.entry(format!("short_{}", t.bytes)).or_default() += 1,
+                Err(e) => *errnos.entry(format!("{e:?}")).or_default() += 1,
+            }
+        }
+    }
+    let errors: Vec<String> = errnos.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+    println!(
+        "completed_ok={ok} failed={} errors={} seconds={:.1}",
+        reaped as u64 - ok,
+        errors.join(","),
+        start.elapsed().as_secs_f64()
+    );
+    drop(reg);
+    let info = driver.info()?;
+    println!(
+        "registrations={} pinned_bytes={}",
+        info.registrations, info.pinned_bytes
+    );
+    Ok(())
+}
+
 fn revoke(dev: &str) -> gdirect::Result<()> {
     const N: u64 = 128;
     const LEN: u64 = 1 << 20;
@@ -429,7 +493,7 @@ fn revoke(dev: &str) -> gdirect::Result<()> {
             reaped += 1;
             match c.result {
                 Ok(t) if t.bytes == LEN => ok += 1,
-                Err(Errno::ENOLINK) => revoked += 1,
+                Err(Errno::EKEYREVOKED) => revoked += 1,
                 r => {
                     other += 1;
                     println!("unexpected completion {}: {r:?}", c.user_data);

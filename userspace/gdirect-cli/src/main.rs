@@ -6,7 +6,7 @@ use std::{io::IsTerminal, path::PathBuf, process::ExitCode, time::Instant};
 use clap::{Parser, Subcommand};
 use gdirect::{
     egpu::Egpu, DeviceMemory, Driver, Errno, Error, File, HostBuffer, Info, IoOptions, IoPath,
-    P2pMem, PciAddress, Provider, Reason, RegisterOptions, Transfer,
+    P2pMem, PciAddress, Provider, Reason, RegisterOptions, Transfer, Transport,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -117,6 +117,23 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check whether this node is set up for GPU-direct storage, and say what to change.
+    ///
+    /// Sections: `nvmeof` lists each NVMe over Fabrics controller with its transport, address,
+    /// queue count and queue size, and warns when the queue size is outside 128-256.
+    ///
+    /// Exit status: 0 when the checks ran (warnings are printed), 2 on error.
+    Check {
+        /// The section to check.
+        #[arg(value_parser = ["nvmeof"], default_value = "nvmeof")]
+        section: String,
+        /// Read sysfs from this directory instead of /sys (for captured trees).
+        #[arg(long, default_value = "/sys", hide = true)]
+        sysfs: PathBuf,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show the module's I/O counters: transfers, bytes, errors and latency per path and
     /// direction, and why transfers bounced.
     Stats {
@@ -179,6 +196,14 @@ fn main() -> ExitCode {
             json,
         ),
         Command::Stats { json } => stats(&cli.device, json),
+        Command::Check {
+            section: _,
+            sysfs,
+            json,
+        } => {
+            check_nvmeof(&sysfs, json);
+            return ExitCode::SUCCESS;
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -301,6 +326,15 @@ fn error_kind(err: &Error) -> &'static str {
         Error::ProviderUnavailable { .. } => "provider_unavailable",
         Error::Revoked { .. } => "revoked",
         Error::NoSuchPeer { .. } => "no_such_peer",
+        Error::NotDirect { .. } => "not_direct",
+        Error::BadFile { .. } => "bad_file",
+        Error::IoMisaligned { .. } => "io_misaligned",
+        Error::OutOfRegistration { .. } => "out_of_registration",
+        Error::NotBlockBacked { .. } => "not_block_backed",
+        Error::DeviceGone { .. } => "device_gone",
+        Error::Io { .. } => "io",
+        Error::Submit { .. } => "submit",
+        Error::OpenFile { .. } => "open_file",
         Error::Ioctl { .. } => "ioctl",
         _ => "other",
     }
@@ -634,6 +668,7 @@ struct IoJson {
     eof: bool,
     path: &'static str,
     reason: &'static str,
+    transport: &'static str,
     bounce_bytes: u64,
     transfers: u64,
     seconds: f64,
@@ -651,6 +686,7 @@ struct Summary {
     path: Option<(IoPath, Reason)>,
     mixed: bool,
     transfers: u64,
+    transport: Option<Transport>,
 }
 
 impl Summary {
@@ -662,6 +698,7 @@ impl Summary {
             path: None,
             mixed: false,
             transfers: 0,
+            transport: None,
         }
     }
 
@@ -670,6 +707,7 @@ impl Summary {
         self.bounce_bytes += t.bounce_bytes;
         self.eof |= t.eof;
         self.transfers += 1;
+        self.transport = Some(t.transport);
         match self.path {
             None => self.path = Some((t.path, t.reason)),
             Some(p) if p != (t.path, t.reason) => self.mixed = true,
@@ -866,6 +904,7 @@ fn report(
             eof: sum.eof,
             path,
             reason,
+            transport: sum.transport.map_or("unknown", Transport::name),
             bounce_bytes: sum.bounce_bytes,
             transfers: sum.transfers,
             seconds,
@@ -888,7 +927,8 @@ fn report(
         memory.kind
     );
     println!(
-        "path       {path} (reason: {reason}); {} bytes through host memory",
+        "path       {path} (reason: {reason}, transport: {}); {} bytes through host memory",
+        sum.transport.map_or("unknown", Transport::name),
         sum.bounce_bytes
     );
     println!(
@@ -1056,4 +1096,63 @@ fn stats(device: &PathBuf, json: bool) -> Result<(), Failure> {
         .collect();
     println!("reasons: {}", reasons.join(", "));
     Ok(())
+}
+
+#[derive(Serialize)]
+struct ControllerJson {
+    name: String,
+    transport: String,
+    address: String,
+    subsysnqn: String,
+    state: String,
+    io_queues: u32,
+    queue_size: u32,
+    verdict: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    advice: Option<String>,
+}
+
+/// `gdirect check nvmeof`.
+fn check_nvmeof(sysfs: &std::path::Path, json: bool) {
+    let controllers = gdirect::nvmeof::fabric_controllers(sysfs);
+    if json {
+        let list: Vec<ControllerJson> = controllers
+            .iter()
+            .map(|c| {
+                let advice = c.queue_size_advice();
+                ControllerJson {
+                    name: c.name.clone(),
+                    transport: c.transport.clone(),
+                    address: c.address.clone(),
+                    subsysnqn: c.subsysnqn.clone(),
+                    state: c.state.clone(),
+                    io_queues: c.io_queues,
+                    queue_size: c.queue_size,
+                    verdict: if advice.is_some() { "warning" } else { "ok" },
+                    advice,
+                }
+            })
+            .collect();
+        print_json(&serde_json::json!({ "nvmeof": { "controllers": list } }));
+        return;
+    }
+    println!("NVMe over Fabrics controllers");
+    if controllers.is_empty() {
+        println!("  none connected");
+    }
+    for c in &controllers {
+        let verdict = if c.queue_size_advice().is_some() {
+            "WARNING"
+        } else {
+            "ok"
+        };
+        println!(
+            "  {:<7} {:<4} {:<40} {} I/O queue(s) of {} entries, {}: {verdict}",
+            c.name, c.transport, c.address, c.io_queues, c.queue_size, c.state
+        );
+        println!("          {}", c.subsysnqn);
+        if let Some(advice) = c.queue_size_advice() {
+            println!("          warning: {advice}");
+        }
+    }
 }

@@ -190,6 +190,14 @@ pub enum Error {
         path: PathBuf,
     },
 
+    /// The file's block device went away during the transfer (hot removal, an NVMe-oF
+    /// controller deleted).
+    #[error("the block device of {path} went away during the transfer")]
+    DeviceGone {
+        /// The file.
+        path: PathBuf,
+    },
+
     /// A transfer failed in the storage stack.
     #[error("{ioctl} of {path} through {driver} failed: {errno}")]
     Io {
@@ -240,13 +248,14 @@ impl Error {
             Self::IoMisaligned { .. } => Some(Errno::ERANGE),
             Self::OutOfRegistration { .. } => Some(Errno::EOVERFLOW),
             Self::NotBlockBacked { .. } => Some(Errno::ENOTBLK),
+            Self::DeviceGone { .. } => Some(Errno::ENODEV),
             Self::PermissionDenied { .. } => Some(Errno::EACCES),
             Self::Misaligned { .. } => Some(Errno::ERANGE),
             Self::NotProviderMemory { .. } => Some(Errno::ENXIO),
             Self::PinLimit { .. } => Some(Errno::EDQUOT),
             Self::TooManyRegistrations => Some(Errno::EMFILE),
             Self::ProviderUnavailable { .. } => Some(Errno::EOPNOTSUPP),
-            Self::Revoked { .. } => Some(Errno::ENOLINK),
+            Self::Revoked { .. } => Some(Errno::EKEYREVOKED),
             Self::NoSuchPeer { .. } => Some(Errno::ENODEV),
             Self::ModuleNotLoaded { .. }
             | Self::VersionMismatch { .. }

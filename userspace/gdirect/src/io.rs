@@ -70,19 +70,16 @@ pub enum Reason {
     Distance,
     /// The provider's memory has no pages the block layer can use.
     NoPages,
-    /// No PCI DMA device was found for the storage.
-    NoDmaDevice,
 }
 
 impl Reason {
     /// Every reason, in the order of the ABI.
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 5] = [
         Reason::None,
         Reason::Forced,
         Reason::QueueNoP2p,
         Reason::Distance,
         Reason::NoPages,
-        Reason::NoDmaDevice,
     ];
 
     fn from_raw(raw: u32) -> Self {
@@ -91,7 +88,6 @@ impl Reason {
             sys::GDIRECT_REASON_QUEUE_NO_P2P => Self::QueueNoP2p,
             sys::GDIRECT_REASON_DISTANCE => Self::Distance,
             sys::GDIRECT_REASON_NO_PAGES => Self::NoPages,
-            sys::GDIRECT_REASON_NO_DMA_DEVICE => Self::NoDmaDevice,
             _ => Self::None,
         }
     }
@@ -104,12 +100,59 @@ impl Reason {
             Self::QueueNoP2p => "queue_no_p2p",
             Self::Distance => "distance",
             Self::NoPages => "no_pages",
-            Self::NoDmaDevice => "no_dma_device",
         }
     }
 }
 
 impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The storage transport of a file's block device (`enum gdirect_transport`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// Not NVMe, and no PCI device found.
+    Unknown,
+    /// NVMe over PCIe (or another PCI block device).
+    Pcie,
+    /// NVMe over Fabrics, RDMA.
+    Rdma,
+    /// NVMe over Fabrics, TCP.
+    Tcp,
+    /// NVMe over Fabrics, loopback target.
+    Loop,
+    /// NVMe over Fabrics, Fibre Channel.
+    Fc,
+}
+
+impl Transport {
+    fn from_raw(raw: u32) -> Self {
+        match raw {
+            sys::GDIRECT_TRANSPORT_PCIE => Self::Pcie,
+            sys::GDIRECT_TRANSPORT_RDMA => Self::Rdma,
+            sys::GDIRECT_TRANSPORT_TCP => Self::Tcp,
+            sys::GDIRECT_TRANSPORT_LOOP => Self::Loop,
+            sys::GDIRECT_TRANSPORT_FC => Self::Fc,
+            _ => Self::Unknown,
+        }
+    }
+
+    /// The name the CLI and JSON use (the NVMe controller's `transport`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Unknown => "unknown",
+            Self::Pcie => "pcie",
+            Self::Rdma => "rdma",
+            Self::Tcp => "tcp",
+            Self::Loop => "loop",
+            Self::Fc => "fc",
+        }
+    }
+}
+
+impl fmt::Display for Transport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
@@ -124,6 +167,8 @@ pub struct Transfer {
     pub path: IoPath,
     /// Why.
     pub reason: Reason,
+    /// The storage transport (over TCP or soft-RoCE, why the queue takes no P2P pages).
+    pub transport: Transport,
     /// A read reached the end of the file (`bytes` is short).
     pub eof: bool,
     /// Bytes that went through host memory.
@@ -285,6 +330,7 @@ impl File {
             bytes: args.bytes,
             path: IoPath::from_raw(args.path),
             reason: Reason::from_raw(args.reason),
+            transport: Transport::from_raw(args.transport),
             eof: args.result_flags & sys::GDIRECT_RESULT_EOF != 0,
             bounce_bytes: args.bounce_bytes,
         })
@@ -320,7 +366,10 @@ fn io_error(driver: &Driver, path: &Path, dir: Direction, handle: u64, errno: Er
         Errno::ENOTBLK => Error::NotBlockBacked {
             path: path.to_path_buf(),
         },
-        Errno::ENOLINK => Error::Revoked { handle },
+        Errno::EKEYREVOKED => Error::Revoked { handle },
+        Errno::ENODEV => Error::DeviceGone {
+            path: path.to_path_buf(),
+        },
         Errno::EBADF => Error::BadFile {
             path: path.to_path_buf(),
         },
@@ -548,6 +597,7 @@ impl Driver {
                         bytes: c.result as u64,
                         path: IoPath::from_raw(c.path),
                         reason: Reason::from_raw(c.reason),
+                        transport: Transport::from_raw(c.transport),
                         eof: c.result_flags & sys::GDIRECT_RESULT_EOF != 0,
                         bounce_bytes: c.bounce_bytes,
                     })
@@ -613,7 +663,7 @@ pub struct Stats {
     /// By `[path][direction]`: paths in [`IoPath::ALL`] order, direction 0 read, 1 write.
     pub io: [[PathStats; 2]; 3],
     /// Transfers by reason, in [`Reason::ALL`] order.
-    pub reasons: [u64; 6],
+    pub reasons: [u64; 5],
 }
 
 impl Stats {

@@ -32,6 +32,7 @@ pub mod egpu;
 mod error;
 mod io;
 mod memory;
+pub mod nvmeof;
 mod pci;
 mod registration;
 mod sys;
@@ -49,7 +50,8 @@ mod kernel_path;
 pub use driver::{Driver, Info, Provider, Version, ABI_VERSION, DEFAULT_DEVICE_PATH};
 pub use error::{Errno, Error, Result};
 pub use io::{
-    Batch, Completion, File, IoOptions, IoPath, PathStats, Reason, Stats, Transfer, BATCH_MAX,
+    Batch, Completion, File, IoOptions, IoPath, PathStats, Reason, Stats, Transfer, Transport,
+    BATCH_MAX,
 };
 pub use memory::{DeviceMemory, HostBuffer, P2pMem};
 pub use pci::{ParsePciAddressError, PciAddress};

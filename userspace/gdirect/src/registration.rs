@@ -272,7 +272,7 @@ impl<'a> Registration<'a> {
         // module writes at most that many and keeps no pointer.
         unsafe { sys::query(self.driver.as_raw_fd(), &mut args) }.map_err(|errno| match errno {
             Errno::ENODEV => Error::NoSuchPeer { peer },
-            Errno::ENOLINK => Error::Revoked {
+            Errno::EKEYREVOKED => Error::Revoked {
                 handle: self.handle,
             },
             errno => self.driver.ioctl_error("GDIRECT_IOC_QUERY", errno),

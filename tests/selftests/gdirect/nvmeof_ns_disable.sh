@@ -1,0 +1,63 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# The target disables the namespace in the middle of a large GPU-targeted read
+# over RDMA: the read fails with an error and no partial success, promptly,
+# without a hang or an oops, and nothing stays pinned; once the namespace is
+# enabled again the host sees it and a read is exact.
+
+. "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+. "$GDIRECT_LIB/nvmeof_common.sh"
+
+cleanup() {
+	[ -n "${_BG_PID:-}" ] && kill -9 "$_BG_PID" 2>/dev/null
+	_nvmeof_down
+	_unload_all
+}
+trap cleanup EXIT
+
+_require_root
+_require_cmd nvme ip rdma gdirect jq
+_load_all || ktap_exit_fail_msg "cannot load the modules"
+local_ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
+nqn=$GDIRECT_NQN_PREFIX:ns-disable
+enable=$GDIRECT_NVMET/subsystems/$nqn/namespaces/1/enable
+
+ktap_print_header
+ktap_set_plan 9
+
+up() { _nvmeof_target_up rdma "$nqn" "$local_ns" && _nvmeof_connect rdma "$nqn" --ctrl-loss-tmo=3; }
+_test "connected over RDMA" up
+
+_bg_read_start "$NVMEOF_NS" --mem gpu --len 128M --chunk 128M
+_test "the 128 MiB read is in flight in the module" _wait_active_transfer
+disable() { echo 0 >"$enable"; }
+_test "the target disables the namespace" disable
+_bg_read_wait 60
+_test "the read fails, with an error and no byte count" _bg_read_failed_cleanly
+_test "promptly" sh -c "[ $BG_SECONDS -le 20 ]"
+_test "nothing stays registered or pinned" \
+	_expect_eq counters "0 0" "$(_info .counters.registrations) $(_info .counters.pinned_bytes)"
+
+reenable() {
+	echo 1 >"$enable" || return 1
+	ctrl=$(_nvmeof_ctrl_by_nqn "$nqn") || return 1
+	# The target announces the change; ask for a rescan too, as an operator would.
+	echo 1 >"/sys/class/nvme/$ctrl/rescan_controller" 2>/dev/null
+	i=0
+	while [ $i -lt 100 ]; do
+		NVMEOF_NS=$(_nvmeof_ns_by_nqn "$nqn") && [ -b "$NVMEOF_NS" ] &&
+			dd if="$NVMEOF_NS" of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null && return 0
+		sleep 0.2
+		i=$((i + 1))
+	done
+	return 1
+}
+_test "enabled again, the host sees the namespace" reenable
+again() {
+	_gd_read "$NVMEOF_NS" --mem gpu --len 8M && _host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:0 8388608
+}
+_test "a read is exact again (host check)" again
+_test "teardown leaves nothing behind" _nvmeof_down
+
+ktap_finished

@@ -1,0 +1,56 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# The target port goes away in the middle of a large GPU-targeted read over
+# RDMA: the read fails with a clear error within the controller-loss timeout
+# the test sets (3 s), reports no partial success, nothing hangs or oopses,
+# nothing stays pinned; the port comes back, the host reconnects, and a read is
+# exact again.
+
+. "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+. "$GDIRECT_LIB/nvmeof_common.sh"
+
+cleanup() {
+	[ -n "${_BG_PID:-}" ] && kill -9 "$_BG_PID" 2>/dev/null
+	_nvmeof_down
+	_unload_all
+}
+trap cleanup EXIT
+
+LOSS_TMO=3
+_require_root
+_require_cmd nvme ip rdma gdirect jq
+_load_all || ktap_exit_fail_msg "cannot load the modules"
+local_ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
+nqn=$GDIRECT_NQN_PREFIX:port-loss
+
+ktap_print_header
+ktap_set_plan 9
+
+up() {
+	_nvmeof_target_up rdma "$nqn" "$local_ns" &&
+		_nvmeof_connect rdma "$nqn" --ctrl-loss-tmo=$LOSS_TMO --reconnect-delay=1
+}
+_test "connected over RDMA with ctrl-loss-tmo $LOSS_TMO s" up
+
+_bg_read_start "$NVMEOF_NS" --mem gpu --len 128M --chunk 128M
+_test "the 128 MiB read is in flight in the module" _wait_active_transfer
+_test "the target port is removed" _nvmet_unlink rdma "$nqn"
+_bg_read_wait 60
+_test "the read fails, with an error and no byte count" _bg_read_failed_cleanly
+_test "within the controller-loss timeout (and the reconnect tries)" sh -c "[ $BG_SECONDS -le $((LOSS_TMO + 15)) ]"
+_test "nothing stays registered or pinned" \
+	_expect_eq counters "0 0" "$(_info .counters.registrations) $(_info .counters.pinned_bytes)"
+
+back() {
+	_nvmeof_disconnect "$nqn"
+	_nvmet_link rdma "$nqn" && _nvmeof_connect rdma "$nqn"
+}
+_test "the port comes back and the host reconnects" back
+again() {
+	_gd_read "$NVMEOF_NS" --mem gpu --len 8M && _host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:0 8388608
+}
+_test "a read over the new controller is exact (host check)" again
+_test "teardown leaves nothing behind" _nvmeof_down
+
+ktap_finished
