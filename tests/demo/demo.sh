@@ -28,6 +28,7 @@ gpu_read() {
 	say "   $ gdirect read $1 --mem gpu --len $3M"
 	out=$(gdirect read "$1" --mem gpu --len "$3M" --json) || fail "gdirect read $1"
 	say "     $(echo "$out" | jq -r '"\(.bytes) bytes into GPU memory at BAR offset \(.memory.bar_offset) over \(.transport): path \(.path), reason \(.reason), \(.bounce_bytes) bytes through host memory"')"
+	[ "$(echo "$out" | jq -r .reason)" = none ] || say "     why: $(echo "$out" | jq -r .why)"
 	if _host_compare "gpu:$(echo "$out" | jq .memory.bar_offset)" "$2" $(($3 << 20)) >/dev/null; then
 		say "     host check: its /dev/shm file holds exactly the bytes it wrote into the drive image"
 	else
@@ -67,7 +68,8 @@ gdirect check nvmeof | sed -n '2p' | sed 's/^/demo:   /'
 mount -t ext4 "$NVMEOF_NS" "$mnt" || fail "mount of the remote namespace"
 
 say "5. a GPU-targeted read of data.bin on the remote namespace: GPU memory <- RDMA <- target <- NVMe"
-say "   (soft-RoCE cannot DMA peer to peer, so the module bounces, and says why; a hardware RNIC would not)"
+say "   (soft-RoCE cannot DMA peer to peer, so the module bounces and says why; with a hardware RNIC the same"
+say "   code takes the P2P path)"
 gpu_read "$mnt/data.bin" nvme0:$((2 << 20)) 8
 
 say "6. tear down: unmount, disconnect, remove the target, the rxe link and the veth, unload"

@@ -669,6 +669,9 @@ struct IoJson {
     path: &'static str,
     reason: &'static str,
     transport: &'static str,
+    /// [`Reason::explain`]; absent when the transfers took different paths.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    why: Option<String>,
     bounce_bytes: u64,
     transfers: u64,
     seconds: f64,
@@ -712,6 +715,14 @@ impl Summary {
             None => self.path = Some((t.path, t.reason)),
             Some(p) if p != (t.path, t.reason) => self.mixed = true,
             Some(_) => {}
+        }
+    }
+
+    /// The common reason, explained; `None` when the transfers took different paths.
+    fn why(&self) -> Option<String> {
+        match (self.mixed, self.path) {
+            (false, Some((_, r))) => Some(r.explain(self.transport.unwrap_or(Transport::Unknown))),
+            _ => None,
         }
     }
 
@@ -905,6 +916,7 @@ fn report(
             path,
             reason,
             transport: sum.transport.map_or("unknown", Transport::name),
+            why: sum.why(),
             bounce_bytes: sum.bounce_bytes,
             transfers: sum.transfers,
             seconds,
@@ -931,6 +943,9 @@ fn report(
         sum.transport.map_or("unknown", Transport::name),
         sum.bounce_bytes
     );
+    if let (Some(why), false) = (sum.why(), reason == Reason::None.name()) {
+        println!("why        {why}");
+    }
     println!(
         "time       {seconds:.3} s, {mb_per_s:.1} MB/s, {} transfer(s)",
         sum.transfers

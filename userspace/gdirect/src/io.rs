@@ -102,6 +102,34 @@ impl Reason {
             Self::NoPages => "no_pages",
         }
     }
+
+    /// Why the module took the path it did, in a sentence that names the storage transport.
+    pub fn explain(self, transport: Transport) -> String {
+        let t = transport.name();
+        match self {
+            Self::None => "nothing stood in the way".to_string(),
+            Self::Forced => "the caller asked for the bounce path".to_string(),
+            Self::QueueNoP2p => match transport {
+                Transport::Rdma => {
+                    "the nvme-rdma queue does not accept P2P pages: its RDMA device \
+                                    cannot DMA to PCI peer memory (soft-RoCE never can; a hardware \
+                                    RNIC that supports P2PDMA can)"
+                        .to_string()
+                }
+                Transport::Tcp => "the NVMe/TCP queue does not accept P2P pages: the data goes \
+                                   through the network stack in host memory"
+                    .to_string(),
+                _ => format!("the {t} block queue does not accept P2P pages"),
+            },
+            Self::Distance => format!(
+                "the storage's DMA device ({t}) cannot reach the memory peer to peer (across a \
+                 host bridge that is not known to forward it, or redirected by ACS)"
+            ),
+            Self::NoPages => {
+                "the provider's memory has no pages the block layer can take".to_string()
+            }
+        }
+    }
 }
 
 impl fmt::Display for Reason {
@@ -675,5 +703,30 @@ impl Stats {
     /// Transfers that took the bounce path for `reason`, or P2P/host ones for `Reason::None`.
     pub fn by_reason(&self, reason: Reason) -> u64 {
         self.reasons[reason as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_round_trips_through_the_abi() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(Reason::from_raw(i as u32), *r, "{}", r.name());
+        }
+    }
+
+    #[test]
+    fn a_fabric_queue_reason_names_its_transport() {
+        let rdma = Reason::QueueNoP2p.explain(Transport::Rdma);
+        assert!(
+            rdma.contains("nvme-rdma") && rdma.contains("RNIC"),
+            "{rdma}"
+        );
+        let tcp = Reason::QueueNoP2p.explain(Transport::Tcp);
+        assert!(tcp.contains("NVMe/TCP"), "{tcp}");
+        let pcie = Reason::Distance.explain(Transport::Pcie);
+        assert!(pcie.contains("pcie"), "{pcie}");
     }
 }
