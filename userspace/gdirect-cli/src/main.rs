@@ -11,6 +11,8 @@ use gdirect::{
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+mod gpu;
+
 /// GPU-direct storage: read file data straight into GPU memory.
 #[derive(Parser)]
 #[command(name = "gdirect", version, about, long_about = None)]
@@ -63,10 +65,18 @@ enum Command {
     /// Read a file (a raw block device, or a file on a file system with direct I/O) into device
     /// memory, and show the path the bytes took and why.
     ///
+    /// With --gpu N the memory is CUDA device N's: the module moves the bytes where it is loaded
+    /// with the nvidia provider, the library's compat engine everywhere else (parallel O_DIRECT
+    /// reads into pinned buffers, or DMA from the page cache for cached data), and the report
+    /// says which and why.
+    ///
     /// Exit status: 0 on success (and a matching --verify), 1 otherwise.
     Read {
         /// The file, opened with O_DIRECT.
         file: PathBuf,
+        /// Read into the memory of CUDA device N (instead of --mem).
+        #[arg(long, value_name = "N")]
+        gpu: Option<usize>,
         /// The memory: `gpu` (the rig's emulated GPU), `host`, or `p2pmem` (P2P memory of the
         /// first device that publishes some, or `p2pmem:BDF` of that one).
         #[arg(long, default_value = "gpu")]
@@ -83,13 +93,26 @@ enum Command {
         /// Take the bounce path whatever the hardware allows.
         #[arg(long)]
         force_bounce: bool,
-        /// Compare the bytes in device memory with this file, at the same offset.
-        #[arg(long)]
-        verify: Option<PathBuf>,
+        /// Compare the bytes in device memory with this file (default: FILE), at the same
+        /// offset.
+        #[arg(long, value_name = "REFERENCE", num_args = 0..=1)]
+        verify: Option<Option<PathBuf>>,
+        /// The compat engine's settings (with --gpu).
+        #[command(flatten)]
+        engine: gpu::EngineArgs,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
+    /// Measure reads of a file into CUDA device memory: GB/s, IOPS and per-I/O latency
+    /// (p50/p99). Every read is verified against a checksum of the file before its time counts.
+    ///
+    /// Warm by default (one unmeasured read first); --cold drops the file's pages before each
+    /// read; --first measures one read that includes making the engine, as a fresh process's
+    /// first read does.
+    ///
+    /// Exit status: 0 when every read was verified, 1 otherwise.
+    Bench(gpu::BenchArgs),
     /// Fill device memory from a source file, then write it to a file with direct I/O, and show
     /// the path the bytes took and why.
     ///
@@ -157,26 +180,47 @@ fn main() -> ExitCode {
         } => query(&cli.device, &mem, size, &peers, persistent, all, json),
         Command::Read {
             file,
+            gpu: Some(gpu),
+            offset,
+            len,
+            verify,
+            engine,
+            json,
+            ..
+        } => gpu::read(&gpu::GpuReadJob {
+            verify: verify.map(|v| v.unwrap_or_else(|| file.clone())),
+            file,
+            gpu,
+            offset,
+            len,
+            engine,
+            json,
+        }),
+        Command::Read {
+            file,
+            gpu: None,
             mem,
             offset,
             len,
             chunk,
             force_bounce,
             verify,
+            engine: _,
             json,
         } => read(
             &cli.device,
             &ReadJob {
+                verify: verify.map(|v| v.unwrap_or_else(|| file.clone())),
                 file,
                 mem,
                 offset,
                 len,
                 chunk,
                 force_bounce,
-                verify,
                 json,
             },
         ),
+        Command::Bench(args) => gpu::bench(&args),
         Command::Write {
             file,
             from,
@@ -336,6 +380,11 @@ fn error_kind(err: &Error) -> &'static str {
         Error::Submit { .. } => "submit",
         Error::OpenFile { .. } => "open_file",
         Error::Ioctl { .. } => "ioctl",
+        Error::FileIo { .. } => "file_io",
+        Error::OutOfMemoryRange { .. } => "out_of_memory_range",
+        Error::BadSetting { .. } => "bad_setting",
+        Error::Cuda { .. } => "cuda",
+        Error::Worker { .. } => "worker",
         _ => "other",
     }
 }

@@ -220,6 +220,55 @@ pub enum Error {
         errno: Errno,
     },
 
+    /// Reading a file failed (the compat engine's own I/O).
+    #[error("reading {path} at offset {offset} failed: {errno}")]
+    FileIo {
+        /// The file.
+        path: PathBuf,
+        /// The file offset of the failed read.
+        offset: u64,
+        /// The error of the read.
+        errno: Errno,
+    },
+
+    /// A destination range is past the end of the memory.
+    #[error("{len} bytes at offset {offset} do not fit in {size} bytes of memory")]
+    OutOfMemoryRange {
+        /// The offset in the memory.
+        offset: u64,
+        /// The length asked for.
+        len: u64,
+        /// The memory's size.
+        size: u64,
+    },
+
+    /// A setting (builder or environment variable) has a value that cannot be used.
+    #[error("setting {name}={value} is not valid: expected {expected}")]
+    BadSetting {
+        /// The setting or environment variable.
+        name: &'static str,
+        /// The value given.
+        value: String,
+        /// What it takes.
+        expected: &'static str,
+    },
+
+    /// A CUDA driver call failed.
+    #[error("CUDA {what} failed: {error}")]
+    Cuda {
+        /// What was being done.
+        what: &'static str,
+        /// The driver's error, by name.
+        error: String,
+    },
+
+    /// A worker thread of the compat engine died.
+    #[error("{what}")]
+    Worker {
+        /// What happened.
+        what: &'static str,
+    },
+
     /// An ioctl failed.
     #[error("{ioctl} on {path} failed: {errno}")]
     Ioctl {
@@ -242,7 +291,11 @@ impl Error {
             | Self::Allocation { errno, .. }
             | Self::OpenFile { errno, .. }
             | Self::Io { errno, .. }
+            | Self::FileIo { errno, .. }
             | Self::Submit { errno, .. } => Some(*errno),
+            Self::OutOfMemoryRange { .. } => Some(Errno::EOVERFLOW),
+            Self::BadSetting { .. } => Some(Errno::EINVAL),
+            Self::Cuda { .. } | Self::Worker { .. } => None,
             Self::NotDirect { .. } => Some(Errno::EBADFD),
             Self::BadFile { .. } => Some(Errno::EBADF),
             Self::IoMisaligned { .. } => Some(Errno::ERANGE),

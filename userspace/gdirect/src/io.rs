@@ -186,9 +186,75 @@ impl fmt::Display for Transport {
     }
 }
 
+/// Which engine moved a transfer's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// The kernel module (`path` and `reason` say how).
+    Module,
+    /// The library's compat engine ([`crate::compat`]), and why the module was not used.
+    Compat(CompatReason),
+}
+
+/// Why a transfer went through the compat engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompatReason {
+    /// The gdirect module is not loaded (or its device cannot be opened).
+    NoModule,
+    /// The module is loaded but its `nvidia` provider is not available (no NVIDIA driver
+    /// exporting nv-p2p).
+    NoProvider,
+    /// The module refused to register the memory (the errno says why).
+    Refused(Errno),
+    /// Offsets or length are not multiples of the file's block size, or the memory is not
+    /// aligned as the provider needs: direct transfers cannot serve them.
+    Unaligned,
+    /// The caller asked for the compat engine.
+    Requested,
+}
+
+impl Engine {
+    /// The name the CLI and JSON use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Module => "module",
+            Self::Compat(_) => "compat",
+        }
+    }
+
+    /// Why this engine, in words.
+    pub fn explain(self) -> String {
+        match self {
+            Self::Module => "the gdirect module moved the bytes".into(),
+            Self::Compat(CompatReason::NoModule) => {
+                "the gdirect module is not loaded: the library's compat engine read the file".into()
+            }
+            Self::Compat(CompatReason::NoProvider) => {
+                "the module has no nvidia provider (no NVIDIA \
+                 driver exports nv-p2p): the library's compat engine read the file"
+                    .into()
+            }
+            Self::Compat(CompatReason::Refused(e)) => {
+                format!("the module refused the GPU memory ({e}): the compat engine read the file")
+            }
+            Self::Compat(CompatReason::Unaligned) => "the range is not aligned for direct I/O or \
+                 the memory not for the provider: the compat engine read the file"
+                .into(),
+            Self::Compat(CompatReason::Requested) => "the compat engine, as asked".into(),
+        }
+    }
+}
+
+impl fmt::Display for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// What a transfer did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Transfer {
+    /// Which engine moved the bytes, and why that one.
+    pub engine: Engine,
     /// Bytes transferred.
     pub bytes: u64,
     /// The path they took.
@@ -355,6 +421,7 @@ impl File {
         };
         r.map_err(|errno| io_error(driver, &self.path, dir, reg.handle(), errno))?;
         Ok(Transfer {
+            engine: Engine::Module,
             bytes: args.bytes,
             path: IoPath::from_raw(args.path),
             reason: Reason::from_raw(args.reason),
@@ -622,6 +689,7 @@ impl Driver {
                     Err(Errno::from_raw(-c.result as i32))
                 } else {
                     Ok(Transfer {
+                        engine: Engine::Module,
                         bytes: c.result as u64,
                         path: IoPath::from_raw(c.path),
                         reason: Reason::from_raw(c.reason),

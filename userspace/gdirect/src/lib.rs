@@ -9,6 +9,10 @@
 //! | `sys` (private) | bindgen output of the uapi header, one ioctl wrapper per command | yes |
 //! | [`Driver`] and friends | safe handles that return [`Result`] with a named [`Error`] | no |
 //!
+//! Without the module, [`compat`] reads files into host or (feature `cuda`) GPU memory itself,
+//! and `gpu::GpuReader` picks the module or the compat engine for CUDA memory, saying which
+//! and why in every [`Transfer`].
+//!
 //! # Quick start
 //!
 //! ```no_run
@@ -27,9 +31,13 @@
 
 #![deny(missing_docs)]
 
+pub mod checksum;
+pub mod compat;
 mod driver;
 pub mod egpu;
 mod error;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 mod io;
 mod memory;
 pub mod nvmeof;
@@ -50,8 +58,8 @@ mod kernel_path;
 pub use driver::{Driver, Info, Provider, Version, ABI_VERSION, DEFAULT_DEVICE_PATH};
 pub use error::{Errno, Error, Result};
 pub use io::{
-    Batch, Completion, File, IoOptions, IoPath, PathStats, Reason, Stats, Transfer, Transport,
-    BATCH_MAX,
+    Batch, CompatReason, Completion, Engine, File, IoOptions, IoPath, PathStats, Reason, Stats,
+    Transfer, Transport, BATCH_MAX,
 };
 pub use memory::{DeviceMemory, HostBuffer, P2pMem};
 pub use pci::{ParsePciAddressError, PciAddress};

@@ -1,0 +1,514 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+//! `gdirect read --gpu N` and `gdirect bench`: files into CUDA memory, through the module
+//! where it serves, the compat engine everywhere else.
+// Built without `cuda`, only the argument types and the "no CUDA" answers are used.
+#![cfg_attr(not(feature = "cuda"), allow(dead_code, unused_imports))]
+
+use std::{path::PathBuf, time::Instant};
+
+use serde::Serialize;
+
+use crate::{print_json, Failure, JsonContext};
+use gdirect::{
+    compat::{Builder, CompatEngine, PageCache, Report},
+    Error,
+};
+
+/// The compat engine's settings on the command line (unset ones come from the environment,
+/// then the defaults).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub(crate) struct EngineArgs {
+    /// Worker threads of the compat engine [env: GDIRECT_THREADS; default: CPUs, at most 16].
+    #[arg(long)]
+    pub(crate) threads: Option<usize>,
+    /// Bytes per I/O of the compat engine, a multiple of 4K [env: GDIRECT_TASK_SIZE; default 4M].
+    #[arg(long, alias = "task-size", value_parser = crate::parse_size)]
+    pub(crate) block_size: Option<u64>,
+    /// Pinned staging bytes per thread [env: GDIRECT_STAGING_SIZE; default 8M].
+    #[arg(long, value_parser = crate::parse_size)]
+    pub(crate) staging_size: Option<u64>,
+    /// Cached data: auto (by mincore, piece by piece), direct, buffered or mapped
+    /// [env: GDIRECT_PAGE_CACHE; default auto].
+    #[arg(long, value_parser = ["auto", "direct", "buffered", "mapped"])]
+    pub(crate) page_cache: Option<String>,
+    /// Registered page-cache bytes kept between reads [env: GDIRECT_KEEP_MAPPED; default 0].
+    #[arg(long, value_parser = crate::parse_offset)]
+    pub(crate) keep_mapped: Option<u64>,
+    /// Use the compat engine even when the module is loaded.
+    #[arg(long)]
+    pub(crate) compat: bool,
+}
+
+impl EngineArgs {
+    fn builder(&self) -> Builder {
+        let mut b = CompatEngine::builder();
+        if let Some(t) = self.threads {
+            b = b.threads(t);
+        }
+        if let Some(s) = self.block_size {
+            b = b.task_size(s);
+        }
+        if let Some(s) = self.staging_size {
+            b = b.staging_size(s);
+        }
+        if let Some(p) = &self.page_cache {
+            b = b.page_cache(match p.as_str() {
+                "direct" => PageCache::Direct,
+                "buffered" => PageCache::Buffered,
+                "mapped" => PageCache::Mapped,
+                _ => PageCache::Auto,
+            });
+        }
+        if let Some(k) = self.keep_mapped {
+            b = b.keep_mapped(k);
+        }
+        b
+    }
+}
+
+#[derive(Serialize, Clone, Debug, Default)]
+pub(crate) struct CompatJson {
+    threads: usize,
+    task_size: u64,
+    page_cache: &'static str,
+    direct_bytes: u64,
+    buffered_bytes: u64,
+    mapped_bytes: u64,
+    registered_bytes: u64,
+    ios: u64,
+}
+
+#[cfg(feature = "cuda")]
+fn compat_json(engine_settings: &gdirect::compat::Settings, r: &Report) -> CompatJson {
+    CompatJson {
+        threads: r.threads,
+        task_size: engine_settings.task_size,
+        page_cache: engine_settings.page_cache.name(),
+        direct_bytes: r.direct_bytes,
+        buffered_bytes: r.buffered_bytes,
+        mapped_bytes: r.mapped_bytes,
+        registered_bytes: r.registered_bytes,
+        ios: r.ios,
+    }
+}
+
+#[derive(Serialize)]
+struct GpuReadJson {
+    file: String,
+    gpu: usize,
+    offset: u64,
+    len: u64,
+    bytes: u64,
+    eof: bool,
+    engine: &'static str,
+    why: String,
+    seconds: f64,
+    gb_per_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    compat: Option<CompatJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    verified: Option<bool>,
+}
+
+/// `gdirect read FILE --gpu N`.
+pub(crate) struct GpuReadJob {
+    pub(crate) file: PathBuf,
+    pub(crate) gpu: usize,
+    pub(crate) offset: u64,
+    pub(crate) len: Option<u64>,
+    pub(crate) verify: Option<PathBuf>,
+    pub(crate) engine: EngineArgs,
+    pub(crate) json: bool,
+}
+
+/// The bytes to read: `len`, or to the end of the file.
+fn read_len(file: &std::path::Path, offset: u64, len: Option<u64>) -> gdirect::Result<u64> {
+    let src = gdirect::compat::Source::open(file)?;
+    Ok(len.unwrap_or(src.len().saturating_sub(offset)))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn no_cuda() -> Error {
+    Error::Cuda {
+        what: "GPU support",
+        error: "this gdirect was built without the `cuda` feature".into(),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
+    let _ = (
+        read_len(&job.file, job.offset, job.len),
+        job.engine.builder(),
+        job.gpu,
+    );
+    let _ = (&job.verify, CompatJson::default());
+    Err(no_cuda()).json(job.json)
+}
+
+#[cfg(feature = "cuda")]
+pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
+    use gdirect::{compat::CudaBackend, gpu::GpuReader};
+    let json = job.json;
+    let len = read_len(&job.file, job.offset, job.len).json(json)?;
+    let backend = CudaBackend::new(job.gpu).json(json)?;
+    let ctx = backend.context().clone();
+    let engine = job.engine.builder().build(backend).json(json)?;
+    let settings = engine.settings().clone();
+    let reader = if job.engine.compat {
+        GpuReader::compat_only(engine)
+    } else {
+        GpuReader::new(engine)
+    };
+    let mut mem = ctx
+        .default_stream()
+        .alloc_zeros::<u8>(len.max(1) as usize)
+        .map_err(cuda("GPU memory allocation"))
+        .json(json)?;
+    let t0 = Instant::now();
+    let r = reader
+        .read(&job.file, &mut mem, 0, job.offset, len)
+        .json(json)?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let t = r.transfer;
+    let verified = match &job.verify {
+        None => None,
+        Some(reference) => {
+            let want = gdirect::checksum::of_file(reference, job.offset, t.bytes, 16).json(json)?;
+            let got = gdirect::checksum::of_device(&mem, t.bytes, 16).json(json)?;
+            Some(want == got)
+        }
+    };
+    let report = GpuReadJson {
+        file: job.file.display().to_string(),
+        gpu: job.gpu,
+        offset: job.offset,
+        len,
+        bytes: t.bytes,
+        eof: t.eof,
+        engine: t.engine.name(),
+        why: t.engine.explain(),
+        seconds,
+        gb_per_s: t.bytes as f64 / seconds.max(1e-9) / 1e9,
+        compat: r.compat.as_ref().map(|c| compat_json(&settings, c)),
+        verified,
+    };
+    if json {
+        print_json(&report);
+    } else {
+        println!(
+            "read {} bytes at offset {} of {} into GPU {}",
+            t.bytes, job.offset, report.file, job.gpu
+        );
+        println!("engine     {} ({})", report.engine, report.why);
+        if let Some(c) = &report.compat {
+            println!(
+                "compat     {} threads, {} B tasks, page cache {}: {} B direct, {} B buffered, {} B mapped",
+                c.threads, c.task_size, c.page_cache, c.direct_bytes, c.buffered_bytes, c.mapped_bytes
+            );
+        }
+        println!("time       {seconds:.3} s, {:.2} GB/s", report.gb_per_s);
+        if t.eof {
+            println!(
+                "end        the file ended {} bytes into the {len} asked for",
+                t.bytes
+            );
+        }
+        match verified {
+            Some(true) => println!("verify     every byte matches the reference"),
+            Some(false) => println!("verify     MISMATCH"),
+            None => {}
+        }
+    }
+    if verified == Some(false) {
+        return Err(Failure {
+            error: Error::Cuda {
+                what: "verification",
+                error: "the GPU memory does not hold the reference's bytes".into(),
+            },
+            json: false,
+        });
+    }
+    Ok(())
+}
+
+/// `gdirect bench`.
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct BenchArgs {
+    /// The file to read.
+    pub(crate) file: PathBuf,
+    /// The CUDA device.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) gpu: usize,
+    #[command(flatten)]
+    pub(crate) engine: EngineArgs,
+    /// Drop the file's pages from the page cache before every read (POSIX_FADV_DONTNEED).
+    #[arg(long)]
+    pub(crate) cold: bool,
+    /// Measured reads.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) repeat: usize,
+    /// Unmeasured reads first [default: 1 warm, 0 cold].
+    #[arg(long)]
+    pub(crate) warmup: Option<usize>,
+    /// Measure one read that includes making the engine (threads, pinned buffers,
+    /// registrations): the first read of a fresh process.
+    #[arg(long, conflicts_with_all = ["repeat", "warmup"])]
+    pub(crate) first: bool,
+    /// gdirect (the compat engine) or naive (read the file into host memory, then copy).
+    #[arg(long, default_value = "gdirect", value_parser = ["gdirect", "naive"])]
+    pub(crate) method: String,
+    /// Bytes to read from the start of the file [default: all of it].
+    #[arg(long, value_parser = crate::parse_size)]
+    pub(crate) len: Option<u64>,
+    /// The file's checksum (hex, as a previous run printed it), instead of reading the file
+    /// once more to compute it.
+    #[arg(long, value_parser = parse_hex)]
+    pub(crate) reference: Option<u64>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+fn parse_hex(s: &str) -> Result<u64, String> {
+    u64::from_str_radix(s.trim_start_matches("0x"), 16)
+        .map_err(|_| format!("'{s}' is not a hex checksum"))
+}
+
+#[derive(Serialize, Clone, Debug)]
+struct RunJson {
+    seconds: f64,
+    gb_per_s: f64,
+    verified: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    compat: Option<CompatJson>,
+}
+
+#[derive(Serialize)]
+struct BenchJson {
+    file: String,
+    gpu: usize,
+    bytes: u64,
+    method: String,
+    cold: bool,
+    first: bool,
+    threads: usize,
+    block_size: u64,
+    page_cache: &'static str,
+    runs: Vec<RunJson>,
+    median_gb_per_s: f64,
+    iops: f64,
+    p50_us: f64,
+    p99_us: f64,
+    reference_checksum: String,
+    reference_seconds: f64,
+}
+
+/// A CUDA error of `what`, for `map_err`.
+#[cfg(feature = "cuda")]
+fn cuda<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> Error {
+    move |e| Error::Cuda {
+        what,
+        error: format!("{e:?}"),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn bench(args: &BenchArgs) -> Result<(), Failure> {
+    let _ = (read_len(&args.file, 0, args.len), args.engine.builder());
+    Err(no_cuda()).json(args.json)
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i] as f64 / 1e3
+}
+
+#[cfg(feature = "cuda")]
+pub(crate) fn bench(args: &BenchArgs) -> Result<(), Failure> {
+    use gdirect::compat::{CudaBackend, Source};
+    use indicatif::{ProgressBar, ProgressStyle};
+    use std::io::IsTerminal;
+
+    let json = args.json;
+    let len = read_len(&args.file, 0, args.len).json(json)?;
+    let t0 = Instant::now();
+    let reference = match args.reference {
+        Some(r) => r,
+        None => gdirect::checksum::of_file(&args.file, 0, len, 16).json(json)?,
+    };
+    let reference_seconds = t0.elapsed().as_secs_f64();
+    let backend = CudaBackend::new(args.gpu).json(json)?;
+    let ctx = backend.context().clone();
+    let stream = ctx.default_stream();
+    let mut mem = stream
+        .alloc_zeros::<u8>(len.max(1) as usize)
+        .map_err(cuda("GPU memory allocation"))
+        .json(json)?;
+    let src = Source::open(&args.file).json(json)?;
+    let settings = args
+        .engine
+        .builder()
+        .latencies(true)
+        .settings()
+        .json(json)?;
+    let runs_wanted = if args.first { 1 } else { args.repeat.max(1) };
+    let warmups = match (args.first, args.warmup) {
+        (true, _) => 0,
+        (false, Some(w)) => w,
+        (false, None) => usize::from(!args.cold),
+    };
+    let bar = (!json && std::io::stderr().is_terminal()).then(|| {
+        let b = ProgressBar::new((warmups + runs_wanted) as u64);
+        b.set_style(
+            ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} reads")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b.set_message(format!("bench {}", args.file.display()));
+        b
+    });
+    let mut engine = None;
+    if !args.first && args.method == "gdirect" {
+        engine = Some(
+            args.engine
+                .builder()
+                .latencies(true)
+                .build(backend.clone())
+                .json(json)?,
+        );
+    }
+    let mut runs = Vec::new();
+    let mut latencies = Vec::new();
+    let mut ios = 0u64;
+    for k in 0..warmups + runs_wanted {
+        stream
+            .memset_zeros(&mut mem)
+            .and_then(|()| stream.synchronize())
+            .map_err(cuda("clearing GPU memory"))
+            .json(json)?;
+        if args.cold {
+            src.evict().json(json)?;
+        }
+        let t0 = Instant::now();
+        let report: Option<Report> = if args.method == "naive" {
+            let data = std::fs::read(&args.file)
+                .map_err(|e| Error::FileIo {
+                    path: args.file.clone(),
+                    offset: 0,
+                    errno: gdirect::Errno::from_raw(e.raw_os_error().unwrap_or(5)),
+                })
+                .json(json)?;
+            let n = (len as usize).min(data.len());
+            let mut view = mem.slice_mut(0..n);
+            stream
+                .memcpy_htod(&data[..n], &mut view)
+                .and_then(|()| stream.synchronize())
+                .map_err(cuda("host-to-device copy"))
+                .json(json)?;
+            None
+        } else {
+            let e = match &engine {
+                Some(e) => e,
+                None => engine.insert(
+                    args.engine
+                        .builder()
+                        .latencies(true)
+                        .build(backend.clone())
+                        .json(json)?,
+                ),
+            };
+            Some(e.read(&src, &mut mem, 0, 0, len).json(json)?)
+        };
+        let seconds = t0.elapsed().as_secs_f64();
+        let got = gdirect::checksum::of_device(&mem, len, 16).json(json)?;
+        if got != reference {
+            return Err(Failure {
+                error: Error::Cuda {
+                    what: "bench verification",
+                    error: format!(
+                        "read {k}: GPU memory checksum {got:016x}, file {reference:016x}: the read is wrong and its time does not count"
+                    ),
+                },
+                json,
+            });
+        }
+        if let Some(b) = &bar {
+            b.inc(1);
+        }
+        if k < warmups {
+            continue;
+        }
+        if let Some(r) = &report {
+            latencies.extend_from_slice(&r.latencies_ns);
+            ios += r.ios;
+        } else {
+            ios += 1;
+        }
+        runs.push(RunJson {
+            seconds,
+            gb_per_s: len as f64 / seconds / 1e9,
+            verified: true,
+            compat: report.as_ref().map(|r| compat_json(&settings, r)),
+        });
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let mut speeds: Vec<f64> = runs.iter().map(|r| r.gb_per_s).collect();
+    speeds.sort_by(f64::total_cmp);
+    latencies.sort_unstable();
+    let total: f64 = runs.iter().map(|r| r.seconds).sum();
+    let out = BenchJson {
+        file: args.file.display().to_string(),
+        gpu: args.gpu,
+        bytes: len,
+        method: args.method.clone(),
+        cold: args.cold,
+        first: args.first,
+        threads: settings.threads,
+        block_size: settings.task_size,
+        page_cache: settings.page_cache.name(),
+        median_gb_per_s: speeds[speeds.len() / 2],
+        iops: ios as f64 / total.max(1e-9),
+        p50_us: percentile(&latencies, 0.50),
+        p99_us: percentile(&latencies, 0.99),
+        runs,
+        reference_checksum: format!("{reference:016x}"),
+        reference_seconds,
+    };
+    if json {
+        print_json(&out);
+    } else {
+        println!(
+            "bench {} ({} bytes) on GPU {}: {}{}, {} threads, {} B blocks, page cache {}",
+            out.file,
+            out.bytes,
+            out.gpu,
+            out.method,
+            if out.cold {
+                ", cold"
+            } else if out.first {
+                ", first read of a fresh process"
+            } else {
+                ", warm"
+            },
+            out.threads,
+            out.block_size,
+            out.page_cache
+        );
+        for (i, r) in out.runs.iter().enumerate() {
+            println!(
+                "  read {i}: {:.3} s, {:.2} GB/s, verified",
+                r.seconds, r.gb_per_s
+            );
+        }
+        println!(
+            "median {:.2} GB/s, {:.0} IOPS, latency p50 {:.0} us, p99 {:.0} us",
+            out.median_gb_per_s, out.iops, out.p50_us, out.p99_us
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,385 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+//! The CUDA backend: pinned staging buffers and a stream per worker, and page-cache mappings
+//! registered read-only with the driver so the GPU copies straight out of the page cache.
+//! CUDA is loaded at run time (cudarc's dynamic loading): nothing here is needed to build.
+
+use std::{ffi::c_void, ops::Range, ptr::NonNull, sync::Arc};
+
+use cudarc::driver::{
+    sys::{self, CUdeviceptr, CUevent, CUresult, CUstream},
+    CudaContext, CudaSlice, DevicePtrMut, DriverError,
+};
+
+use super::{Backend, Lane};
+use crate::error::{Error, Result};
+
+fn cuda(what: &'static str, r: CUresult) -> Result<()> {
+    r.result().map_err(|e| cuda_err(what, e))
+}
+
+fn cuda_err(what: &'static str, e: DriverError) -> Error {
+    Error::Cuda {
+        what,
+        error: e
+            .error_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| format!("{:?}", e.0)),
+    }
+}
+
+/// Whether the CUDA driver library can be loaded (cudarc panics on first use when it cannot).
+pub fn driver_present() -> bool {
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    // SAFETY: loads the driver library by its usual names, running its initialisers, as any
+    // CUDA program does at start.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// GPU memory as the destination, on one CUDA context.
+#[derive(Debug, Clone)]
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    prefer_mapped: bool,
+    hugepages: bool,
+}
+
+impl CudaBackend {
+    /// The backend of GPU `ordinal` (its primary context). Fails with [`Error::Cuda`], not a
+    /// panic, where the CUDA driver library is missing.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        if !driver_present() {
+            return Err(Error::Cuda {
+                what: "loading the driver library",
+                error: "libcuda.so was not found: is the NVIDIA driver installed?".into(),
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| cuda_err("context creation", e))?;
+        Ok(Self::from_context(ctx))
+    }
+
+    /// The backend of an existing context.
+    pub fn from_context(ctx: Arc<CudaContext>) -> Self {
+        Self {
+            ctx,
+            prefer_mapped: false,
+            hugepages: std::env::var_os("GDIRECT_HUGEPAGES").is_none_or(|v| v != "0"),
+        }
+    }
+
+    /// Whether cached data goes by registered mapping (`true`) or buffered reads (`false`, the
+    /// default: registration costs more than it saves unless kept for later reads) under
+    /// `PageCache::Auto`.
+    pub fn prefer_mapped(mut self, on: bool) -> Self {
+        self.prefer_mapped = on;
+        self
+    }
+
+    /// Staging buffers in transparent huge pages, registered with the driver (`true`, unless
+    /// `GDIRECT_HUGEPAGES=0`), or from `cuMemHostAlloc`.
+    pub fn hugepages(mut self, on: bool) -> Self {
+        self.hugepages = on;
+        self
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+/// Destination GPU memory, for the length of one read.
+#[derive(Clone, Copy, Debug)]
+pub struct CudaDest {
+    ptr: CUdeviceptr,
+    len: u64,
+}
+
+/// A pinned host buffer: `cuMemHostAlloc`, or an anonymous mapping in huge pages registered
+/// with the driver (pinning 2 MiB pages costs far less than 4 KiB ones).
+struct Pinned {
+    ptr: NonNull<u8>,
+    len: usize,
+    mapped: bool,
+}
+
+const HUGE: usize = 2 << 20;
+
+impl Pinned {
+    /// Pins `len` bytes in huge pages; `None` where that fails (the caller falls back).
+    fn huge(len: usize) -> Option<Self> {
+        let len = len.div_ceil(HUGE) * HUGE;
+        // SAFETY: a new private anonymous mapping; no existing memory is affected.
+        let p = unsafe {
+            nix::libc::mmap(
+                std::ptr::null_mut(),
+                len + HUGE,
+                nix::libc::PROT_READ | nix::libc::PROT_WRITE,
+                nix::libc::MAP_PRIVATE | nix::libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == nix::libc::MAP_FAILED {
+            return None;
+        }
+        // Align to a huge page inside the mapping, and give back the slack.
+        let base = p as usize;
+        let start = base.div_ceil(HUGE) * HUGE;
+        // SAFETY: the head and tail trimmed lie inside our new mapping.
+        unsafe {
+            if start > base {
+                nix::libc::munmap(p, start - base);
+            }
+            let tail = base + len + HUGE - (start + len);
+            if tail > 0 {
+                nix::libc::munmap((start + len) as *mut c_void, tail);
+            }
+            nix::libc::madvise(start as *mut c_void, len, nix::libc::MADV_HUGEPAGE);
+        }
+        // SAFETY: `start..start+len` is our mapping; registering pins it for DMA.
+        let r = unsafe { sys::cuMemHostRegister_v2(start as *mut c_void, len, 0) };
+        if r.result().is_err() {
+            // SAFETY: our mapping, not registered.
+            unsafe { nix::libc::munmap(start as *mut c_void, len) };
+            return None;
+        }
+        Some(Self {
+            ptr: NonNull::new(start as *mut u8)?,
+            len,
+            mapped: true,
+        })
+    }
+
+    /// Frees it. The context is current and no copy from it is in flight.
+    fn free(self) {
+        // SAFETY: allocated by `huge` or `cuMemHostAlloc` as `mapped` says, freed once.
+        unsafe {
+            if self.mapped {
+                let _ = sys::cuMemHostUnregister(self.ptr.as_ptr().cast());
+                nix::libc::munmap(self.ptr.as_ptr().cast(), self.len);
+            } else {
+                let _ = sys::cuMemFreeHost(self.ptr.as_ptr().cast());
+            }
+        }
+    }
+}
+
+/// A worker's stream, staging buffers and their events.
+pub struct CudaLane {
+    ctx: Arc<CudaContext>,
+    hugepages: bool,
+    stream: CUstream,
+    capacity: usize,
+    buffers: Vec<Option<Pinned>>,
+    events: Vec<CUevent>,
+    pending: Vec<bool>,
+}
+
+// SAFETY: CUDA stream, event and pinned-memory handles may be used from any thread that has
+// the context current; every use binds it first (`enter_thread`, `Drop`).
+unsafe impl Send for CudaLane {}
+
+impl Backend for CudaBackend {
+    type Memory = CudaSlice<u8>;
+    type Dest = CudaDest;
+    type Lane = CudaLane;
+
+    fn dest(memory: &mut CudaSlice<u8>) -> CudaDest {
+        let len = memory.num_bytes() as u64;
+        let stream = memory.stream().clone();
+        let (ptr, _written) = memory.device_ptr_mut(&stream);
+        CudaDest { ptr, len }
+    }
+
+    fn dest_len(dest: &CudaDest) -> u64 {
+        dest.len
+    }
+
+    fn lane(&self, buffers: usize, capacity: usize) -> Result<CudaLane> {
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: the context is current (`enter_thread`); `stream` receives the handle.
+        cuda("stream creation", unsafe {
+            sys::cuStreamCreate(
+                &mut stream,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            )
+        })?;
+        let mut lane = CudaLane {
+            ctx: self.ctx.clone(),
+            hugepages: self.hugepages,
+            stream,
+            capacity,
+            buffers: Vec::new(),
+            events: Vec::new(),
+            pending: Vec::new(),
+        };
+        for _ in 0..buffers {
+            let mut ev = std::ptr::null_mut();
+            // SAFETY: as above; `ev` receives the handle.
+            cuda("event creation", unsafe {
+                sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+            })?;
+            lane.events.push(ev);
+            lane.buffers.push(None);
+            lane.pending.push(false);
+        }
+        Ok(lane)
+    }
+
+    fn enter_thread(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| cuda_err("binding the context", e))
+    }
+
+    fn before_read(&self, memory: &CudaSlice<u8>) -> Result<()> {
+        // Work queued on the allocation's stream (an asynchronous allocation, a kernel still
+        // reading the old contents) finishes before the workers' streams write it.
+        memory
+            .stream()
+            .synchronize()
+            .map_err(|e| cuda_err("synchronizing the destination's stream", e))
+    }
+
+    fn register(&self, ptr: *const u8, len: usize) -> Result<()> {
+        self.enter_thread()?;
+        // SAFETY: `ptr..ptr+len` is a page-aligned range of a live read-only file mapping the
+        // engine holds until it unregisters it; READ_ONLY matches its protection.
+        cuda("page-cache registration", unsafe {
+            sys::cuMemHostRegister_v2(
+                ptr.cast_mut().cast(),
+                len,
+                sys::CU_MEMHOSTREGISTER_READ_ONLY,
+            )
+        })
+    }
+
+    fn unregister(&self, ptr: *const u8) {
+        if self.enter_thread().is_ok() {
+            // SAFETY: `ptr` was registered by `register` and not yet unregistered; no copy
+            // from it is in flight (the engine releases only between reads).
+            let _ = unsafe { sys::cuMemHostUnregister(ptr.cast_mut().cast()) };
+        }
+    }
+
+    fn prefers_mapped(&self) -> bool {
+        self.prefer_mapped
+    }
+}
+
+impl CudaLane {
+    fn wait(&mut self, i: usize) -> Result<()> {
+        if self.pending[i] {
+            // SAFETY: a live event of this lane.
+            cuda("waiting for a copy", unsafe {
+                sys::cuEventSynchronize(self.events[i])
+            })?;
+            self.pending[i] = false;
+        }
+        Ok(())
+    }
+
+    fn copy(&mut self, src: *const u8, len: usize, dest: CudaDest, off: u64) -> Result<()> {
+        assert!(
+            off + len as u64 <= dest.len,
+            "the engine checks ranges before sending"
+        );
+        // SAFETY: `src..src+len` is pinned or registered host memory that stays valid until the
+        // copy completes (the lane waits on it before reusing a buffer, the engine releases
+        // registrations only between reads); the device range is inside the destination.
+        cuda("host-to-device copy", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dest.ptr + off, src.cast::<c_void>(), len, self.stream)
+        })
+    }
+}
+
+impl Lane for CudaLane {
+    type Dest = CudaDest;
+
+    fn buffer(&mut self, i: usize, len: usize) -> Result<&mut [u8]> {
+        self.wait(i)?;
+        if self.buffers[i].as_ref().is_none_or(|b| b.len < len) {
+            if let Some(old) = self.buffers[i].take() {
+                old.free();
+            }
+            let cap = len.max(self.capacity);
+            let pinned = match self.hugepages.then(|| Pinned::huge(cap)).flatten() {
+                Some(p) => p,
+                None => {
+                    let mut p = std::ptr::null_mut();
+                    // SAFETY: the context is current; `p` receives the allocation.
+                    cuda("pinned staging allocation", unsafe {
+                        sys::cuMemHostAlloc(&mut p, cap, 0)
+                    })?;
+                    let ptr = NonNull::new(p.cast::<u8>()).ok_or(Error::Cuda {
+                        what: "pinned staging allocation",
+                        error: "null pointer".into(),
+                    })?;
+                    Pinned {
+                        ptr,
+                        len: cap,
+                        mapped: false,
+                    }
+                }
+            };
+            self.buffers[i] = Some(pinned);
+        }
+        let b = self.buffers[i].as_ref().map(|b| (b.ptr, b.len));
+        Ok(match b {
+            // SAFETY: `len` bytes of our pinned buffer (fresh pages, so initialised), no copy
+            // out of it pending (waited above), borrowed mutably through `&mut self`.
+            Some((ptr, cap)) => unsafe {
+                std::slice::from_raw_parts_mut(ptr.as_ptr(), len.min(cap))
+            },
+            None => &mut [],
+        })
+    }
+
+    fn send(&mut self, i: usize, range: Range<usize>, dest: CudaDest, off: u64) -> Result<()> {
+        let Some((ptr, cap)) = self.buffers[i].as_ref().map(|b| (b.ptr, b.len)) else {
+            return Ok(());
+        };
+        assert!(range.end <= cap);
+        // SAFETY: inside our buffer.
+        let src = unsafe { ptr.as_ptr().add(range.start) };
+        self.copy(src, range.len(), dest, off)?;
+        // SAFETY: a live event and stream of this lane.
+        cuda("event record", unsafe {
+            sys::cuEventRecord(self.events[i], self.stream)
+        })?;
+        self.pending[i] = true;
+        Ok(())
+    }
+
+    fn send_mapped(&mut self, src: *const u8, len: usize, dest: CudaDest, off: u64) -> Result<()> {
+        self.copy(src, len, dest, off)
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        // SAFETY: our stream.
+        cuda("stream synchronize", unsafe {
+            sys::cuStreamSynchronize(self.stream)
+        })?;
+        self.pending.iter_mut().for_each(|p| *p = false);
+        Ok(())
+    }
+}
+
+impl Drop for CudaLane {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_err() {
+            return;
+        }
+        // SAFETY: our handles, each destroyed once, after the stream has drained.
+        unsafe {
+            let _ = sys::cuStreamSynchronize(self.stream);
+            for b in self.buffers.drain(..).flatten() {
+                b.free();
+            }
+            for &e in &self.events {
+                let _ = sys::cuEventDestroy_v2(e);
+            }
+            let _ = sys::cuStreamDestroy_v2(self.stream);
+        }
+    }
+}

@@ -1,0 +1,858 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+//! The compat engine: file bytes into GPU (or host) memory without the kernel module.
+//!
+//! Where the module cannot load (containers, signed-module kernels, managed clouds) or the
+//! hardware cannot do peer-to-peer DMA, this is how the library still moves file data into
+//! device memory fast:
+//!
+//! - **Uncached data**: parallel `O_DIRECT` reads into pinned staging buffers, each worker
+//!   with its own buffers and CUDA stream, the host-to-device copy of one buffer overlapping
+//!   the read into the next.
+//! - **Cached data** (every page of a piece in the page cache, asked with `mincore`): either
+//!   the GPU DMAs straight from the page cache — a read-only mapping of the file registered
+//!   with the CUDA driver, in pieces, by all workers at once (`PageCache::Mapped`) — or
+//!   buffered reads copy it into the staging buffers (`PageCache::Buffered`). `Auto` takes the
+//!   backend's preference for cached pieces and direct I/O for the rest, piece by piece.
+//!
+//! Settings ([`Settings`]) come from [`CompatEngine::builder`], over environment variables
+//! (`GDIRECT_THREADS`, `GDIRECT_TASK_SIZE`, `GDIRECT_STAGING_SIZE`, `GDIRECT_PAGE_CACHE`,
+//! `GDIRECT_KEEP_MAPPED`), over defaults measured on an H200 machine (`BENCHMARKS.md`).
+
+mod host;
+mod plan;
+mod source;
+
+#[cfg(feature = "cuda")]
+mod cuda;
+
+use std::{
+    io,
+    ops::Range,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
+    time::Instant,
+};
+
+#[cfg(feature = "cuda")]
+pub use cuda::{driver_present, CudaBackend, CudaDest, CudaLane};
+pub use host::{HostBackend, HostDest, HostLane};
+pub use source::Source;
+
+use crate::error::{Errno, Error, Result};
+use plan::Plan;
+use source::{FileId, How, Input, Mapping};
+
+/// The alignment of direct I/O offsets and lengths: 4 KiB serves every logical block size up
+/// to 4 KiB.
+const DIRECT_ALIGN: u64 = 4096;
+
+/// The unit in which a file's mapping is registered with the backend (and cached).
+const MAP_CHUNK: u64 = 32 << 20;
+
+/// What the engine copies into: host memory, or a GPU's.
+pub trait Backend: Send + Sync {
+    /// The memory a read fills.
+    type Memory: ?Sized;
+    /// A raw view of that memory for the workers, valid for one read.
+    type Dest: Copy + Send + Sync;
+    /// A worker's staging buffers and copy queue.
+    type Lane: Lane<Dest = Self::Dest> + Send;
+
+    /// The raw view of `memory`.
+    fn dest(memory: &mut Self::Memory) -> Self::Dest;
+    /// Its length in bytes.
+    fn dest_len(dest: &Self::Dest) -> u64;
+    /// A new lane of `buffers` staging buffers of `capacity` bytes each, allocated when first
+    /// used (made in the worker thread that uses it).
+    fn lane(&self, buffers: usize, capacity: usize) -> Result<Self::Lane>;
+    /// Called first in each worker thread (a CUDA backend binds its context).
+    fn enter_thread(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Waits for work on `memory` queued before the read (a CUDA allocation's stream).
+    fn before_read(&self, _memory: &Self::Memory) -> Result<()> {
+        Ok(())
+    }
+    /// Makes `len` bytes of page-cache mapping at `ptr` usable by [`Lane::send_mapped`].
+    fn register(&self, _ptr: *const u8, _len: usize) -> Result<()> {
+        Ok(())
+    }
+    /// Undoes [`Backend::register`].
+    fn unregister(&self, _ptr: *const u8) {}
+    /// Whether cached data should go by the mapped path when the settings say `Auto`.
+    fn prefers_mapped(&self) -> bool {
+        false
+    }
+}
+
+/// A worker's staging buffers and copy queue.
+pub trait Lane {
+    /// See [`Backend::Dest`].
+    type Dest;
+    /// Staging buffer `i`, at least `len` bytes and 4 KiB aligned, once copies out of it are
+    /// done.
+    fn buffer(&mut self, i: usize, len: usize) -> Result<&mut [u8]>;
+    /// Starts copying `buffer(i)[range]` to the destination at `off`.
+    fn send(&mut self, i: usize, range: Range<usize>, dest: Self::Dest, off: u64) -> Result<()>;
+    /// Starts copying `len` bytes of registered page-cache mapping at `src` to the
+    /// destination at `off`.
+    fn send_mapped(&mut self, src: *const u8, len: usize, dest: Self::Dest, off: u64)
+        -> Result<()>;
+    /// Waits until every copy started has landed.
+    fn finish(&mut self) -> Result<()>;
+}
+
+/// How the engine treats data in the page cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageCache {
+    /// Cached pieces by the backend's preferred page-cache path, the rest by direct I/O.
+    Auto,
+    /// Everything by `O_DIRECT` (buffered reads only where the file system refuses it).
+    Direct,
+    /// Everything through the page cache, by buffered reads into staging buffers.
+    Buffered,
+    /// Everything through the page cache, the device copying from a registered mapping.
+    Mapped,
+}
+
+impl PageCache {
+    /// The name in settings and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Direct => "direct",
+            Self::Buffered => "buffered",
+            Self::Mapped => "mapped",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [Self::Auto, Self::Direct, Self::Buffered, Self::Mapped]
+            .into_iter()
+            .find(|p| p.name() == s)
+    }
+}
+
+/// The engine's settings. Build them with [`CompatEngine::builder`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Worker threads (each with its own staging buffers and copy stream).
+    pub threads: usize,
+    /// Bytes per I/O: a multiple of 4 KiB.
+    pub task_size: u64,
+    /// Staging bytes per worker: `staging_size / task_size` buffers (at least one).
+    pub staging_size: u64,
+    /// Page-cache policy.
+    pub page_cache: PageCache,
+    /// Bytes of registered page-cache mappings kept between reads (so a file read again
+    /// skips registration); 0 releases them after every read.
+    pub keep_mapped: u64,
+    /// The largest piece a worker claims at once.
+    pub max_piece: u64,
+    /// Record each I/O's latency in the [`Report`].
+    pub latencies: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
+        Self {
+            threads: cpus.clamp(1, 16),
+            task_size: 2 << 20,
+            staging_size: 4 << 20,
+            page_cache: PageCache::Auto,
+            keep_mapped: 0,
+            max_piece: 64 << 20,
+            latencies: false,
+        }
+    }
+}
+
+/// Parses a size: a number of bytes with an optional `K`, `M` or `G` (powers of 1024).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, shift) = match s.chars().last()?.to_ascii_uppercase() {
+        'K' => (&s[..s.len() - 1], 10),
+        'M' => (&s[..s.len() - 1], 20),
+        'G' => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    num.trim().parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
+impl Settings {
+    /// The defaults, overridden by the environment variables that are set.
+    pub fn from_env() -> Result<Self> {
+        Self::default().with_env(|name| std::env::var(name).ok())
+    }
+
+    fn with_env(mut self, var: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let bad = |name: &'static str, value: String| Error::BadSetting {
+            name,
+            value,
+            expected: match name {
+                "GDIRECT_PAGE_CACHE" => "auto, direct, buffered or mapped",
+                "GDIRECT_THREADS" => "a number of threads, 1 to 1024",
+                _ => "a size in bytes, with an optional K, M or G",
+            },
+        };
+        if let Some(v) = var("GDIRECT_THREADS") {
+            self.threads = v.trim().parse().map_err(|_| bad("GDIRECT_THREADS", v))?;
+        }
+        for (name, field) in [
+            ("GDIRECT_TASK_SIZE", &mut self.task_size),
+            ("GDIRECT_STAGING_SIZE", &mut self.staging_size),
+            ("GDIRECT_KEEP_MAPPED", &mut self.keep_mapped),
+        ] {
+            if let Some(v) = var(name) {
+                *field = parse_size(&v).ok_or_else(|| bad(name, v))?;
+            }
+        }
+        if let Some(v) = var("GDIRECT_PAGE_CACHE") {
+            self.page_cache =
+                PageCache::parse(v.trim()).ok_or_else(|| bad("GDIRECT_PAGE_CACHE", v))?;
+        }
+        Ok(self)
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad = |name: &'static str, value: u64, expected: &'static str| {
+            Err(Error::BadSetting {
+                name,
+                value: value.to_string(),
+                expected,
+            })
+        };
+        if !(1..=1024).contains(&self.threads) {
+            return bad("threads", self.threads as u64, "1 to 1024");
+        }
+        if self.task_size == 0 || self.task_size % DIRECT_ALIGN != 0 || self.task_size > 1 << 30 {
+            return bad(
+                "task_size",
+                self.task_size,
+                "a multiple of 4 KiB, at most 1 GiB",
+            );
+        }
+        if self.max_piece == 0 {
+            return bad("max_piece", self.max_piece, "more than 0");
+        }
+        Ok(())
+    }
+
+    fn buffers(&self) -> usize {
+        (self.staging_size / self.task_size).clamp(1, 64) as usize
+    }
+}
+
+/// Builds a [`CompatEngine`]: the defaults, then the environment, then what is set here.
+#[derive(Clone, Debug)]
+pub struct Builder {
+    settings: Settings,
+    env: Result<Settings, String>,
+    overrides: Vec<fn(&mut Settings, &Settings)>,
+}
+
+impl Builder {
+    /// Worker threads.
+    pub fn threads(mut self, n: usize) -> Self {
+        self.settings.threads = n;
+        self.overrides.push(|s, o| s.threads = o.threads);
+        self
+    }
+    /// Bytes per I/O (a multiple of 4 KiB).
+    pub fn task_size(mut self, bytes: u64) -> Self {
+        self.settings.task_size = bytes;
+        self.overrides.push(|s, o| s.task_size = o.task_size);
+        self
+    }
+    /// Staging bytes per worker.
+    pub fn staging_size(mut self, bytes: u64) -> Self {
+        self.settings.staging_size = bytes;
+        self.overrides.push(|s, o| s.staging_size = o.staging_size);
+        self
+    }
+    /// Page-cache policy.
+    pub fn page_cache(mut self, p: PageCache) -> Self {
+        self.settings.page_cache = p;
+        self.overrides.push(|s, o| s.page_cache = o.page_cache);
+        self
+    }
+    /// Registered page-cache bytes kept between reads.
+    pub fn keep_mapped(mut self, bytes: u64) -> Self {
+        self.settings.keep_mapped = bytes;
+        self.overrides.push(|s, o| s.keep_mapped = o.keep_mapped);
+        self
+    }
+    /// The largest piece a worker claims at once.
+    pub fn max_piece(mut self, bytes: u64) -> Self {
+        self.settings.max_piece = bytes;
+        self.overrides.push(|s, o| s.max_piece = o.max_piece);
+        self
+    }
+    /// Record per-I/O latencies in reports.
+    pub fn latencies(mut self, on: bool) -> Self {
+        self.settings.latencies = on;
+        self.overrides.push(|s, o| s.latencies = o.latencies);
+        self
+    }
+
+    /// The settings this builder makes.
+    pub fn settings(&self) -> Result<Settings> {
+        let mut s = match &self.env {
+            Ok(env) => env.clone(),
+            Err(_) => Settings::from_env()?,
+        };
+        for o in &self.overrides {
+            o(&mut s, &self.settings);
+        }
+        s.check()?;
+        Ok(s)
+    }
+
+    /// The engine, copying into host memory.
+    pub fn build_host(self) -> Result<CompatEngine<HostBackend>> {
+        self.build(HostBackend)
+    }
+
+    /// The engine, over `backend`.
+    pub fn build<B: Backend>(self, backend: B) -> Result<CompatEngine<B>> {
+        let settings = self.settings()?;
+        Ok(CompatEngine {
+            backend,
+            settings,
+            lanes: Mutex::new(Vec::new()),
+            maps: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+/// What one read did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Bytes read into the memory.
+    pub bytes: u64,
+    /// The file ended before the length asked for (`bytes` is short).
+    pub eof: bool,
+    /// Bytes read with `O_DIRECT`.
+    pub direct_bytes: u64,
+    /// Bytes read through the page cache into staging buffers.
+    pub buffered_bytes: u64,
+    /// Bytes the device copied from the registered page cache.
+    pub mapped_bytes: u64,
+    /// Bytes of mapping registered for this read (0 when all were kept from earlier reads).
+    pub registered_bytes: u64,
+    /// I/Os issued (reads into staging buffers, and mapped copies).
+    pub ios: u64,
+    /// Workers that took part.
+    pub threads: usize,
+    /// Nanoseconds of each I/O, when the settings ask for them.
+    pub latencies_ns: Vec<u64>,
+}
+
+/// Counters of every compat read in this process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CompatStats {
+    /// Reads.
+    pub reads: u64,
+    /// Reads that failed.
+    pub errors: u64,
+    /// Bytes read.
+    pub bytes: u64,
+    /// Of which by `O_DIRECT`.
+    pub direct_bytes: u64,
+    /// Of which through the page cache into staging buffers.
+    pub buffered_bytes: u64,
+    /// Of which copied by the device from the registered page cache.
+    pub mapped_bytes: u64,
+}
+
+static STATS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+
+/// The process's compat-engine counters.
+pub fn stats() -> CompatStats {
+    let g = |i: usize| STATS[i].load(Ordering::Relaxed);
+    CompatStats {
+        reads: g(0),
+        errors: g(1),
+        bytes: g(2),
+        direct_bytes: g(3),
+        buffered_bytes: g(4),
+        mapped_bytes: g(5),
+    }
+}
+
+fn count(r: &Result<Report>) {
+    let add = |i: usize, v: u64| STATS[i].fetch_add(v, Ordering::Relaxed);
+    add(0, 1);
+    match r {
+        Ok(r) => {
+            add(2, r.bytes);
+            add(3, r.direct_bytes);
+            add(4, r.buffered_bytes);
+            add(5, r.mapped_bytes);
+        }
+        Err(_) => {
+            add(1, 1);
+        }
+    }
+}
+
+/// Registration state of one [`MAP_CHUNK`] of a mapped file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Chunk {
+    Unregistered,
+    Registered(usize, usize),
+    Failed,
+}
+
+/// A file's mapping with its registered chunks, kept between reads up to `keep_mapped`.
+struct MappedFile {
+    id: FileId,
+    map: Arc<Mapping>,
+    chunks: Vec<Mutex<Chunk>>,
+}
+
+impl MappedFile {
+    fn registered_bytes(&self) -> u64 {
+        self.chunks
+            .iter()
+            .map(|c| match *lock(c) {
+                Chunk::Registered(_, len) => len as u64,
+                _ => 0,
+            })
+            .sum()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A worker that panicked leaves consistent state behind (every update is one store).
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The compat engine over a backend: see the module docs.
+pub struct CompatEngine<B: Backend> {
+    backend: B,
+    settings: Settings,
+    lanes: Mutex<Vec<B::Lane>>,
+    maps: Mutex<Vec<Arc<MappedFile>>>,
+}
+
+/// What one worker brings back.
+#[derive(Default)]
+struct Tally {
+    direct: u64,
+    buffered: u64,
+    mapped: u64,
+    registered: u64,
+    ios: u64,
+    latencies: Vec<u64>,
+}
+
+/// The shared state of one read.
+struct Job<'a, I: Input, D> {
+    src: &'a I,
+    dest: D,
+    /// `dest` offset of file offset `plan` start.
+    dest_base: u64,
+    file_base: u64,
+    plan: Plan,
+    mode: PageCache,
+    mapped: Option<Arc<MappedFile>>,
+    next: AtomicUsize,
+    failed: AtomicBool,
+    /// The lowest file offset at which the file was found to end (short read).
+    short_end: AtomicU64,
+}
+
+impl CompatEngine<HostBackend> {
+    /// A builder: the defaults, then the environment, then its setters.
+    pub fn builder() -> Builder {
+        Builder {
+            settings: Settings::default(),
+            env: Settings::from_env().map_err(|e| e.to_string()),
+            overrides: Vec::new(),
+        }
+    }
+}
+
+impl<B: Backend> CompatEngine<B> {
+    /// The settings it runs with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Reads `len` bytes of `src` at `file_offset` into `memory` at `mem_offset`. A read past
+    /// the end of the file is short and says so (`Report::eof`).
+    pub fn read(
+        &self,
+        src: &Source,
+        memory: &mut B::Memory,
+        mem_offset: u64,
+        file_offset: u64,
+        len: u64,
+    ) -> Result<Report> {
+        self.backend.before_read(memory)?;
+        let dest = B::dest(memory);
+        let r = self.read_input(src, dest, mem_offset, file_offset, len);
+        count(&r);
+        r
+    }
+
+    fn read_input<I: Input>(
+        &self,
+        src: &I,
+        dest: B::Dest,
+        mem_offset: u64,
+        file_offset: u64,
+        len: u64,
+    ) -> Result<Report> {
+        let dest_len = B::dest_len(&dest);
+        if mem_offset.checked_add(len).is_none_or(|end| end > dest_len) {
+            return Err(Error::OutOfMemoryRange {
+                offset: mem_offset,
+                len,
+                size: dest_len,
+            });
+        }
+        let size = src.id().size();
+        let want = len.min(size.saturating_sub(file_offset));
+        let mut report = Report {
+            eof: want < len,
+            ..Report::default()
+        };
+        let s = &self.settings;
+        let piece = Plan::piece_size(want, s.threads, s.task_size, s.max_piece);
+        let plan = Plan::new(file_offset, want, DIRECT_ALIGN, s.task_size, piece);
+        let workers = s.threads.min(plan.pieces());
+        if workers == 0 {
+            return Ok(report);
+        }
+        let mode = match s.page_cache {
+            PageCache::Auto if self.backend.prefers_mapped() => PageCache::Mapped,
+            PageCache::Auto => PageCache::Auto,
+            p => p,
+        };
+        let auto = s.page_cache == PageCache::Auto;
+        let mapped = match mode {
+            PageCache::Mapped => src.mapping().map(|m| self.mapped_file(src.id(), m)),
+            _ => None,
+        };
+        let job = Job {
+            src,
+            dest,
+            dest_base: mem_offset,
+            file_base: file_offset,
+            plan,
+            mode: if auto { PageCache::Auto } else { mode },
+            mapped,
+            next: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+            short_end: AtomicU64::new(u64::MAX),
+        };
+        let mut lanes: Vec<Option<B::Lane>> = {
+            let mut pool = lock(&self.lanes);
+            (0..workers).map(|_| pool.pop()).collect()
+        };
+        let results: Vec<(Option<B::Lane>, Result<Tally>)> = std::thread::scope(|scope| {
+            let job = &job;
+            let mut handles = Vec::with_capacity(workers - 1);
+            let mine = lanes.pop().flatten();
+            for lane in lanes.drain(..) {
+                handles.push(scope.spawn(move || self.worker(job, lane)));
+            }
+            let mut out = vec![self.worker(job, mine)];
+            for h in handles {
+                out.push(h.join().unwrap_or_else(|_| {
+                    (
+                        None,
+                        Err(Error::Worker {
+                            what: "a compat worker panicked",
+                        }),
+                    )
+                }));
+            }
+            out
+        });
+        let mut first_err = None;
+        {
+            let mut pool = lock(&self.lanes);
+            for (lane, r) in results {
+                pool.extend(lane);
+                match r {
+                    Ok(t) => {
+                        report.direct_bytes += t.direct;
+                        report.buffered_bytes += t.buffered;
+                        report.mapped_bytes += t.mapped;
+                        report.registered_bytes += t.registered;
+                        report.ios += t.ios;
+                        report.latencies_ns.extend(t.latencies);
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        drop(job.mapped);
+        self.trim_maps();
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        report.threads = workers;
+        let short = job.short_end.load(Ordering::Relaxed);
+        report.bytes = want.min(short.saturating_sub(file_offset));
+        report.eof |= report.bytes < want;
+        if report.bytes < want {
+            // The file shrank under the read: only the bytes before its new end count.
+            let over = want - report.bytes;
+            report.direct_bytes = report.direct_bytes.saturating_sub(over);
+            report.buffered_bytes = report.buffered_bytes.saturating_sub(over);
+        }
+        Ok(report)
+    }
+
+    /// One worker: claims pieces until none is left or a worker failed.
+    fn worker<I: Input>(
+        &self,
+        job: &Job<'_, I, B::Dest>,
+        lane: Option<B::Lane>,
+    ) -> (Option<B::Lane>, Result<Tally>) {
+        let mut lane = match self.backend.enter_thread().and_then(|()| match lane {
+            Some(l) => Ok(l),
+            None => self
+                .backend
+                .lane(self.settings.buffers(), self.settings.task_size as usize),
+        }) {
+            Ok(l) => l,
+            Err(e) => {
+                job.failed.store(true, Ordering::Relaxed);
+                return (None, Err(e));
+            }
+        };
+        let mut tally = Tally::default();
+        let mut slot = 0;
+        let mut r = Ok(());
+        while !job.failed.load(Ordering::Relaxed) {
+            let i = job.next.fetch_add(1, Ordering::Relaxed);
+            if i >= job.plan.pieces() {
+                break;
+            }
+            r = self.piece(job, &mut lane, &mut tally, &mut slot, job.plan.piece(i));
+            if r.is_err() {
+                job.failed.store(true, Ordering::Relaxed);
+                break;
+            }
+        }
+        // Every copy must land (or fail) before the read returns, error or not.
+        let fin = lane.finish();
+        (Some(lane), r.and(fin).map(|()| tally))
+    }
+
+    fn piece<I: Input>(
+        &self,
+        job: &Job<'_, I, B::Dest>,
+        lane: &mut B::Lane,
+        tally: &mut Tally,
+        slot: &mut usize,
+        piece: Range<u64>,
+    ) -> Result<()> {
+        if let Some(mf) = &job.mapped {
+            let cached = job.mode != PageCache::Auto || job.src.resident(piece.clone());
+            if cached && self.send_mapped(job, mf, lane, tally, piece.clone())? {
+                return Ok(());
+            }
+        }
+        let buffers = self.settings.buffers();
+        for task in job.plan.tasks(piece) {
+            let how = match job.mode {
+                PageCache::Buffered | PageCache::Mapped => How::Buffered,
+                PageCache::Direct => How::Direct,
+                PageCache::Auto if job.src.resident(task.want.clone()) => How::Buffered,
+                PageCache::Auto => How::Direct,
+            };
+            let how = if job.src.direct_io() {
+                how
+            } else {
+                How::Buffered
+            };
+            let range = match how {
+                How::Direct => task.io.clone(),
+                How::Buffered => task.want.clone(),
+            };
+            let b = *slot;
+            *slot = (*slot + 1) % buffers;
+            let buf = lane.buffer(b, (range.end - range.start) as usize)?;
+            let t0 = self.settings.latencies.then(Instant::now);
+            let got = read_full(job.src, buf, range.start, how)?;
+            if let Some(t0) = t0 {
+                tally.latencies.push(t0.elapsed().as_nanos() as u64);
+            }
+            tally.ios += 1;
+            let valid_end = range.start + got as u64;
+            let copy_end = valid_end.min(task.want.end);
+            if copy_end > task.want.start {
+                let n = copy_end - task.want.start;
+                let from = (task.want.start - range.start) as usize;
+                let off = job.dest_base + (task.want.start - job.file_base);
+                lane.send(b, from..from + n as usize, job.dest, off)?;
+                match how {
+                    How::Direct => tally.direct += n,
+                    How::Buffered => tally.buffered += n,
+                }
+            }
+            if valid_end < task.want.end {
+                job.short_end
+                    .fetch_min(valid_end.max(task.want.start), Ordering::Relaxed);
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `piece` from the registered mapping; `false` when a chunk of it cannot be
+    /// registered (the caller reads it another way).
+    fn send_mapped<I: Input>(
+        &self,
+        job: &Job<'_, I, B::Dest>,
+        mf: &MappedFile,
+        lane: &mut B::Lane,
+        tally: &mut Tally,
+        piece: Range<u64>,
+    ) -> Result<bool> {
+        let size = mf.id.size();
+        let first = piece.start / MAP_CHUNK;
+        let last = (piece.end - 1) / MAP_CHUNK;
+        for c in first..=last {
+            let mut state = lock(&mf.chunks[c as usize]);
+            if *state == Chunk::Unregistered {
+                let range = c * MAP_CHUNK..((c + 1) * MAP_CHUNK).min(size);
+                // Registering pages that are not cached would read them from disk, one
+                // thread at a time: under `Auto` those go by direct I/O instead.
+                if job.mode == PageCache::Auto && !job.src.resident(range.clone()) {
+                    return Ok(false);
+                }
+                *state = match mf.map.pages(range) {
+                    Some((p, len)) => match self.backend.register(p, len) {
+                        Ok(()) => {
+                            tally.registered += len as u64;
+                            Chunk::Registered(p as usize, len)
+                        }
+                        Err(_) => Chunk::Failed,
+                    },
+                    None => Chunk::Failed,
+                };
+            }
+            if *state == Chunk::Failed {
+                return Ok(false);
+            }
+        }
+        let mut at = piece.start;
+        while at < piece.end {
+            let end = ((at / MAP_CHUNK + 1) * MAP_CHUNK).min(piece.end);
+            let Some(p) = mf.map.at(at) else {
+                return Ok(false);
+            };
+            let off = job.dest_base + (at - job.file_base);
+            lane.send_mapped(p, (end - at) as usize, job.dest, off)?;
+            tally.ios += 1;
+            tally.mapped += end - at;
+            at = end;
+        }
+        Ok(true)
+    }
+
+    /// The cached mapping of file `id`, made if missing; stale ones of the same file go.
+    fn mapped_file(&self, id: FileId, map: &Arc<Mapping>) -> Arc<MappedFile> {
+        let mut maps = lock(&self.maps);
+        if let Some(i) = maps.iter().position(|m| m.id == id) {
+            let m = maps.remove(i);
+            maps.push(m.clone());
+            return m;
+        }
+        let chunks = (0..id.size().div_ceil(MAP_CHUNK))
+            .map(|_| Mutex::new(Chunk::Unregistered))
+            .collect();
+        let m = Arc::new(MappedFile {
+            id,
+            map: map.clone(),
+            chunks,
+        });
+        maps.push(m.clone());
+        m
+    }
+
+    /// Releases cached registrations beyond `keep_mapped`, least recently used first; entries
+    /// a read is using stay.
+    fn trim_maps(&self) {
+        let mut maps = lock(&self.maps);
+        let mut kept: u64 = maps.iter().map(|m| m.registered_bytes()).sum();
+        let mut i = 0;
+        while i < maps.len() && kept > self.settings.keep_mapped {
+            if Arc::strong_count(&maps[i]) > 1 {
+                i += 1;
+                continue;
+            }
+            let m = maps.remove(i);
+            kept -= m.registered_bytes();
+            self.release(&m);
+        }
+    }
+
+    fn release(&self, m: &MappedFile) {
+        for c in &m.chunks {
+            if let Chunk::Registered(p, _) = *lock(c) {
+                self.backend.unregister(p as *const u8);
+            }
+        }
+    }
+
+    /// Bytes of page-cache mapping registered and kept for later reads.
+    pub fn kept_mapped(&self) -> u64 {
+        lock(&self.maps).iter().map(|m| m.registered_bytes()).sum()
+    }
+}
+
+impl<B: Backend> Drop for CompatEngine<B> {
+    fn drop(&mut self) {
+        let maps = std::mem::take(&mut *lock(&self.maps));
+        for m in &maps {
+            self.release(m);
+        }
+    }
+}
+
+/// Reads into all of `buf` from `off`, retrying short reads, until the file ends. A direct
+/// read that returns a partial block has met the end of the file.
+fn read_full<I: Input>(src: &I, buf: &mut [u8], off: u64, how: How) -> Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match src.read_at(&mut buf[done..], off + done as u64, how) {
+            Ok(0) => break,
+            Ok(n) => {
+                done += n;
+                if how == How::Direct && done as u64 % DIRECT_ALIGN != 0 {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(Error::FileIo {
+                    path: src.path().to_path_buf(),
+                    offset: off + done as u64,
+                    errno: Errno::from_raw(e.raw_os_error().unwrap_or(nix::libc::EIO)),
+                })
+            }
+        }
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,271 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+//! The file side of the compat engine: a file open twice (with and without `O_DIRECT`),
+//! mapped for the page-cache questions, and the [`Input`] seam the tests inject faults at.
+
+use std::{
+    fs::OpenOptions,
+    io,
+    ops::Range,
+    os::{
+        fd::AsRawFd,
+        unix::fs::{FileExt, MetadataExt, OpenOptionsExt},
+    },
+    path::{Path, PathBuf},
+    ptr::NonNull,
+    sync::Arc,
+};
+
+use nix::libc;
+
+use crate::error::{Errno, Error, Result};
+
+/// The page size of the machine.
+pub(crate) fn page_size() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
+}
+
+/// What a file is, for telling whether a cached mapping still shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+/// A read-only shared mapping of a whole file.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only memory that lives until `Drop`; sharing its address between
+// threads is sound (reads of it race only with the file's writers, as any mmap reader does).
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn new(file: &std::fs::File, len: u64) -> Option<Self> {
+        let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
+        // SAFETY: a new mapping at an address the kernel picks, of a file we hold open; no
+        // existing memory is affected.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        Some(Self {
+            ptr: NonNull::new(ptr.cast())?,
+            len,
+        })
+    }
+
+    /// The mapped bytes of file range `range`, page-aligned outward, as (address, length);
+    /// `None` past the mapping.
+    pub(crate) fn pages(&self, range: Range<u64>) -> Option<(*const u8, usize)> {
+        let page = page_size();
+        let start = range.start - range.start % page;
+        let end = range.end.div_ceil(page) * page;
+        let mapped = (self.len as u64).div_ceil(page) * page;
+        if range.start >= range.end || end > mapped {
+            return None;
+        }
+        // SAFETY: `start` is inside the mapping (checked above).
+        let p = unsafe { self.ptr.as_ptr().add(start as usize) };
+        Some((p.cast_const(), (end - start) as usize))
+    }
+
+    /// The address of file offset `off` in the mapping.
+    pub(crate) fn at(&self, off: u64) -> Option<*const u8> {
+        // SAFETY: `off` is inside the mapping (checked).
+        (off < self.len as u64).then(|| unsafe { self.ptr.as_ptr().add(off as usize).cast_const() })
+    }
+
+    /// Whether every page of file range `range` is in the page cache (`mincore`).
+    pub(crate) fn resident(&self, range: Range<u64>) -> bool {
+        let Some((p, len)) = self.pages(range) else {
+            return false;
+        };
+        let pages = len.div_ceil(page_size() as usize);
+        let mut vec = vec![0u8; pages];
+        // SAFETY: `p..p+len` is page-aligned and inside our mapping; `vec` has a byte per page.
+        let r = unsafe { libc::mincore(p.cast_mut().cast(), len, vec.as_mut_ptr()) };
+        r == 0 && vec.iter().all(|&v| v & 1 != 0)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our mapping, unmapped once; no reference into it outlives `self` (users hold
+        // an `Arc<Mapping>` while they use addresses in it).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A file to read with the compat engine: open with `O_DIRECT` (where the file system allows
+/// it) for data that is not cached, and without for data that is, and mapped so the engine can
+/// ask which is which.
+#[derive(Debug)]
+pub struct Source {
+    path: PathBuf,
+    buffered: std::fs::File,
+    direct: Option<std::fs::File>,
+    id: FileId,
+    map: Option<Arc<Mapping>>,
+}
+
+impl Source {
+    /// Opens `path` for reading: a regular file or a block device.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let open_err = |e: io::Error| Error::OpenFile {
+            path: path.clone(),
+            errno: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        };
+        let buffered = std::fs::File::open(&path).map_err(open_err)?;
+        // Buffered reads serve data already cached (or a file system without O_DIRECT, read in
+        // whole tasks): readahead would only pull in pages the direct reads then skip.
+        // SAFETY: plain syscall on our descriptor; advice only.
+        unsafe { libc::posix_fadvise(buffered.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+        // Some file systems (tmpfs, overlay on some kernels) refuse O_DIRECT: every read of
+        // them goes through the page cache.
+        let direct = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .ok();
+        let id = file_id(&buffered).map_err(open_err)?;
+        let map = Mapping::new(&buffered, id.size).map(Arc::new);
+        Ok(Self {
+            path,
+            buffered,
+            direct,
+            id,
+            map,
+        })
+    }
+
+    /// The path it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's size when opened (a block device's capacity).
+    pub fn len(&self) -> u64 {
+        self.id.size
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> bool {
+        self.id.size == 0
+    }
+
+    /// Whether reads of uncached data can bypass the page cache (`O_DIRECT`).
+    pub fn has_direct_io(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// Whether all of `range` is in the page cache.
+    pub fn is_cached(&self, range: Range<u64>) -> bool {
+        self.map.as_ref().is_some_and(|m| m.resident(range))
+    }
+
+    /// Drops the file's clean pages from the page cache (`POSIX_FADV_DONTNEED`): the next read
+    /// is cold. Needs no privilege; dirty pages are written first.
+    pub fn evict(&self) -> Result<()> {
+        self.buffered.sync_data().ok();
+        // SAFETY: plain syscall on our descriptor.
+        let r = unsafe {
+            libc::posix_fadvise(self.buffered.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
+        };
+        if r != 0 {
+            return Err(Error::FileIo {
+                path: self.path.clone(),
+                offset: 0,
+                errno: Errno::from_raw(r),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn file_id(f: &std::fs::File) -> io::Result<FileId> {
+    let m = f.metadata()?;
+    let size = if m.file_type().is_file() {
+        m.len()
+    } else {
+        // A block device: its capacity.
+        let mut f = f;
+        io::Seek::seek(&mut f, io::SeekFrom::End(0))?
+    };
+    Ok(FileId {
+        dev: m.dev(),
+        ino: m.ino(),
+        size,
+        mtime: (m.mtime(), m.mtime_nsec()),
+        ctime: (m.ctime(), m.ctime_nsec()),
+    })
+}
+
+/// How a task's bytes are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum How {
+    /// `O_DIRECT` into a staging buffer.
+    Direct,
+    /// Through the page cache into a staging buffer.
+    Buffered,
+}
+
+/// What the engine needs of a file; [`Source`] is the real one, the tests wrap it to inject
+/// short reads and errors.
+pub(crate) trait Input: Sync {
+    fn path(&self) -> &Path;
+    fn id(&self) -> FileId;
+    fn direct_io(&self) -> bool;
+    fn read_at(&self, buf: &mut [u8], off: u64, how: How) -> io::Result<usize>;
+    fn resident(&self, range: Range<u64>) -> bool;
+    fn mapping(&self) -> Option<&Arc<Mapping>>;
+}
+
+impl Input for Source {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+    fn id(&self) -> FileId {
+        self.id
+    }
+    fn direct_io(&self) -> bool {
+        self.direct.is_some()
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64, how: How) -> io::Result<usize> {
+        match (how, &self.direct) {
+            (How::Direct, Some(d)) => d.read_at(buf, off),
+            _ => self.buffered.read_at(buf, off),
+        }
+    }
+    fn resident(&self, range: Range<u64>) -> bool {
+        self.is_cached(range)
+    }
+    fn mapping(&self) -> Option<&Arc<Mapping>> {
+        self.map.as_ref()
+    }
+}
+
+impl FileId {
+    /// The size the file had.
+    pub(crate) fn size(&self) -> u64 {
+        self.size
+    }
+}

@@ -1,0 +1,483 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+//! The compat engine against host memory: every byte compared with the file, under random
+//! offsets, lengths and settings, short reads, I/O errors and a file that shrinks.
+
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use super::*;
+
+/// A small deterministic generator (SplitMix64), so the property tests need no dependency.
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A file of `len` pseudo-random bytes in the temporary directory, removed on drop.
+struct TempFile {
+    path: PathBuf,
+    data: Vec<u8>,
+}
+
+impl TempFile {
+    fn new(name: &str, len: usize, seed: u64) -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "gdirect-compat-{}-{}-{name}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let mut rng = Rng(seed);
+        let data: Vec<u8> = (0..len.div_ceil(8))
+            .flat_map(|_| rng.next().to_le_bytes())
+            .take(len)
+            .collect();
+        let mut f = std::fs::File::create(&path).expect("temp file");
+        f.write_all(&data).expect("temp file write");
+        f.sync_all().expect("temp file sync");
+        Self { path, data }
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn engine(threads: usize, task: u64, mode: PageCache) -> CompatEngine<HostBackend> {
+    CompatEngine::builder()
+        .threads(threads)
+        .task_size(task)
+        .staging_size(task * 2)
+        .page_cache(mode)
+        .max_piece(task * 4)
+        .latencies(true)
+        .build_host()
+        .expect("engine")
+}
+
+/// Reads through the engine and checks every byte against the file's, and that bytes beyond
+/// the read are untouched.
+fn check_read(
+    e: &CompatEngine<HostBackend>,
+    f: &TempFile,
+    src: &Source,
+    off: u64,
+    len: u64,
+) -> Report {
+    let pad = 4096u64;
+    let mut mem = vec![0xa5u8; (len + 2 * pad) as usize];
+    let r = e.read(src, &mut mem, pad, off, len).expect("read");
+    let size = f.data.len() as u64;
+    let want = len.min(size.saturating_sub(off));
+    assert_eq!(r.bytes, want, "bytes at {off}+{len} of {size}");
+    assert_eq!(r.eof, want < len);
+    assert_eq!(r.direct_bytes + r.buffered_bytes + r.mapped_bytes, want);
+    let got = &mem[pad as usize..(pad + want) as usize];
+    let start = off.min(size) as usize;
+    let exp = &f.data[start..start + want as usize];
+    assert!(
+        got == exp,
+        "bytes differ at {off}+{len} ({:?})",
+        e.settings().page_cache
+    );
+    assert!(
+        mem[..pad as usize].iter().all(|&b| b == 0xa5),
+        "wrote before the range"
+    );
+    assert!(
+        mem[(pad + want) as usize..].iter().all(|&b| b == 0xa5),
+        "wrote after the range"
+    );
+    r
+}
+
+#[test]
+fn random_reads_are_exact_in_every_page_cache_mode() {
+    let f = TempFile::new("random", (9 << 20) + 1234, 1);
+    let src = Source::open(&f.path).expect("open");
+    assert!(
+        src.has_direct_io(),
+        "the test directory's file system takes O_DIRECT"
+    );
+    let mut rng = Rng(2);
+    for mode in [
+        PageCache::Auto,
+        PageCache::Direct,
+        PageCache::Buffered,
+        PageCache::Mapped,
+    ] {
+        for &(threads, task) in &[(1usize, 4096u64), (3, 64 << 10), (8, 1 << 20)] {
+            let e = engine(threads, task, mode);
+            for _ in 0..25 {
+                let off = match rng.below(3) {
+                    0 => rng.below(f.data.len() as u64 + 8192),
+                    1 => rng.below(64) * 4096,
+                    _ => f.data.len() as u64 - rng.below(9000).min(f.data.len() as u64),
+                };
+                let len = match rng.below(3) {
+                    0 => rng.below(5000),
+                    1 => rng.below(3 << 20),
+                    _ => rng.below(12 << 20),
+                };
+                let r = check_read(&e, &f, &src, off, len);
+                if mode == PageCache::Direct && r.bytes > 0 {
+                    assert_eq!(r.direct_bytes, r.bytes);
+                }
+                if mode == PageCache::Buffered {
+                    assert_eq!(r.buffered_bytes, r.bytes);
+                }
+                if mode == PageCache::Mapped {
+                    assert_eq!(r.mapped_bytes, r.bytes);
+                }
+                if mode != PageCache::Mapped {
+                    assert_eq!(r.latencies_ns.len() as u64, r.ios, "a latency for each I/O");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn auto_reads_cached_data_through_the_page_cache_and_the_rest_direct() {
+    let f = TempFile::new("auto", 8 << 20, 3);
+    let src = Source::open(&f.path).expect("open");
+    let e = engine(4, 1 << 20, PageCache::Auto);
+    src.evict().expect("evict");
+    assert!(!src.is_cached(0..8 << 20));
+    let cold = check_read(&e, &f, &src, 0, 8 << 20);
+    assert_eq!(cold.direct_bytes, 8 << 20, "nothing cached: all direct");
+    // Warm the first half, without readahead into the second.
+    let file = std::fs::File::open(&f.path).expect("open");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    // SAFETY: plain syscall on our descriptor.
+    let r = unsafe { nix::libc::posix_fadvise(fd, 0, 0, nix::libc::POSIX_FADV_RANDOM) };
+    assert_eq!(r, 0);
+    let mut sink = vec![0u8; 4 << 20];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut sink, 0).expect("warm");
+    assert!(src.is_cached(0..4 << 20));
+    assert!(!src.is_cached(4 << 20..8 << 20));
+    let half = check_read(&e, &f, &src, 0, 8 << 20);
+    assert_eq!(
+        half.buffered_bytes,
+        4 << 20,
+        "the cached half through the page cache"
+    );
+    assert_eq!(half.direct_bytes, 4 << 20, "the rest direct");
+}
+
+#[test]
+fn reads_past_the_end_are_short_and_say_so() {
+    let f = TempFile::new("eof", 100_000, 4);
+    let src = Source::open(&f.path).expect("open");
+    let e = engine(4, 8192, PageCache::Direct);
+    let r = check_read(&e, &f, &src, 90_000, 50_000);
+    assert!(r.eof && r.bytes == 10_000);
+    let r = check_read(&e, &f, &src, 100_000, 4096);
+    assert!(r.eof && r.bytes == 0);
+    let r = check_read(&e, &f, &src, 1 << 30, 4096);
+    assert!(r.eof && r.bytes == 0);
+    let r = check_read(&e, &f, &src, 0, 0);
+    assert!(!r.eof && r.bytes == 0);
+}
+
+#[test]
+fn a_destination_too_small_is_refused_before_any_io() {
+    let f = TempFile::new("dest", 65536, 5);
+    let src = Source::open(&f.path).expect("open");
+    let e = engine(2, 4096, PageCache::Auto);
+    let mut mem = vec![0u8; 8192];
+    let err = e
+        .read(&src, &mut mem, 4096, 0, 8192)
+        .expect_err("too small");
+    assert!(
+        matches!(
+            err,
+            Error::OutOfMemoryRange {
+                offset: 4096,
+                len: 8192,
+                size: 8192
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(err.errno(), Some(Errno::EOVERFLOW));
+    let err = e
+        .read(&src, &mut mem, u64::MAX, 0, 2)
+        .expect_err("overflow");
+    assert!(matches!(err, Error::OutOfMemoryRange { .. }));
+}
+
+/// A [`Source`] with faults: reads return at most `short` bytes (a multiple of 4 KiB for
+/// direct reads, as the kernel does), fail at `fail_at`, or find the file ending at `end`.
+struct Faulty<'a> {
+    src: &'a Source,
+    short: usize,
+    fail_at: Option<u64>,
+    end: Option<u64>,
+    reads: AtomicU64,
+}
+
+impl Faulty<'_> {
+    fn new(src: &Source) -> Faulty<'_> {
+        Faulty {
+            src,
+            short: usize::MAX,
+            fail_at: None,
+            end: None,
+            reads: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Input for Faulty<'_> {
+    fn path(&self) -> &Path {
+        self.src.path()
+    }
+    fn id(&self) -> source::FileId {
+        self.src.id()
+    }
+    fn direct_io(&self) -> bool {
+        true
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64, how: How) -> io::Result<usize> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        if self
+            .fail_at
+            .is_some_and(|f| (off..off + buf.len() as u64).contains(&f))
+        {
+            return Err(io::Error::from_raw_os_error(nix::libc::EIO));
+        }
+        // Read all that is asked (a direct read needs its aligned length), report less.
+        let mut n = self.src.read_at(buf, off, how)?.min(self.short);
+        if let Some(end) = self.end {
+            n = n.min(end.saturating_sub(off) as usize);
+        }
+        Ok(n)
+    }
+    fn resident(&self, range: Range<u64>) -> bool {
+        self.src.resident(range)
+    }
+    fn mapping(&self) -> Option<&Arc<Mapping>> {
+        None
+    }
+}
+
+fn faulty_read(
+    e: &CompatEngine<HostBackend>,
+    input: &Faulty<'_>,
+    mem: &mut [u8],
+    off: u64,
+    len: u64,
+) -> Result<Report> {
+    e.read_input(input, HostBackend::dest(mem), 0, off, len)
+}
+
+#[test]
+fn short_reads_are_retried_until_the_bytes_are_all_there() {
+    let f = TempFile::new("short", 3 << 20, 6);
+    let src = Source::open(&f.path).expect("open");
+    let mut rng = Rng(7);
+    for mode in [PageCache::Direct, PageCache::Buffered] {
+        let e = engine(4, 256 << 10, mode);
+        for short in [4096usize, 12288, 65536] {
+            let mut input = Faulty::new(&src);
+            input.short = short;
+            let off = rng.below(1 << 20) & !4095;
+            let len = rng.below(2 << 20) + 1;
+            let mut mem = vec![0u8; len as usize];
+            let r = faulty_read(&e, &input, &mut mem, off, len).expect("read");
+            assert_eq!(r.bytes, len);
+            assert!(
+                mem[..] == f.data[off as usize..(off + len) as usize],
+                "{mode:?} short {short}"
+            );
+            assert!(input.reads.load(Ordering::Relaxed) >= len / short as u64);
+        }
+    }
+}
+
+#[test]
+fn an_io_error_fails_the_read_with_the_file_and_offset() {
+    let f = TempFile::new("eio", 4 << 20, 8);
+    let src = Source::open(&f.path).expect("open");
+    for mode in [PageCache::Direct, PageCache::Buffered] {
+        let e = engine(4, 64 << 10, mode);
+        let mut input = Faulty::new(&src);
+        input.fail_at = Some(3 << 20);
+        let mut mem = vec![0u8; 4 << 20];
+        let err = faulty_read(&e, &input, &mut mem, 0, 4 << 20).expect_err("EIO");
+        match &err {
+            Error::FileIo {
+                path,
+                offset,
+                errno,
+            } => {
+                assert_eq!(path, &f.path);
+                assert_eq!(*errno, Errno::EIO);
+                assert!(
+                    (3 << 20) - (64 << 10) < *offset && *offset <= 3 << 20,
+                    "{err}"
+                );
+            }
+            other => panic!("expected FileIo, got {other}"),
+        }
+        assert!(err.to_string().contains("EIO"), "{err}");
+        // The engine is still usable: its lanes came back.
+        let r = check_read(&e, &f, &src, 0, 1 << 20);
+        assert_eq!(r.bytes, 1 << 20);
+    }
+}
+
+#[test]
+fn a_file_that_ends_early_gives_a_short_read_of_the_bytes_before_its_end() {
+    let f = TempFile::new("shrink", 4 << 20, 9);
+    let src = Source::open(&f.path).expect("open");
+    let mut rng = Rng(10);
+    for mode in [PageCache::Direct, PageCache::Buffered] {
+        for threads in [1, 5] {
+            let e = engine(threads, 64 << 10, mode);
+            let mut input = Faulty::new(&src);
+            let end = rng.below(4 << 20);
+            input.end = Some(end);
+            let mut mem = vec![0u8; 4 << 20];
+            let r = faulty_read(&e, &input, &mut mem, 0, 4 << 20).expect("read");
+            assert!(r.eof, "{mode:?}");
+            assert_eq!(r.bytes, end, "{mode:?} threads {threads}");
+            assert!(mem[..end as usize] == f.data[..end as usize]);
+        }
+    }
+}
+
+#[test]
+fn mapped_registrations_are_kept_up_to_the_limit_and_released_beyond_it() {
+    let f = TempFile::new("keep", 5 << 20, 11);
+    let src = Source::open(&f.path).expect("open");
+    let e = CompatEngine::builder()
+        .threads(3)
+        .task_size(1 << 20)
+        .page_cache(PageCache::Mapped)
+        .keep_mapped(1 << 30)
+        .build_host()
+        .expect("engine");
+    let first = check_read(&e, &f, &src, 0, 5 << 20);
+    assert_eq!(
+        first.registered_bytes,
+        5 << 20,
+        "the whole file, page-rounded"
+    );
+    assert_eq!(e.kept_mapped(), 5 << 20);
+    let again = check_read(&e, &f, &src, 4096, 4 << 20);
+    assert_eq!(again.registered_bytes, 0, "kept from the first read");
+    assert_eq!(again.mapped_bytes, 4 << 20);
+    let none = CompatEngine::builder()
+        .threads(3)
+        .task_size(1 << 20)
+        .page_cache(PageCache::Mapped)
+        .keep_mapped(0)
+        .build_host()
+        .expect("engine");
+    check_read(&none, &f, &src, 0, 5 << 20);
+    assert_eq!(none.kept_mapped(), 0, "released after the read");
+    let r = check_read(&none, &f, &src, 0, 5 << 20);
+    assert_eq!(r.registered_bytes, 5 << 20, "registered again");
+}
+
+#[test]
+fn settings_come_from_defaults_then_environment_then_builder() {
+    let env = |vars: &'static [(&'static str, &'static str)]| {
+        move |name: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    };
+    let s = Settings::default()
+        .with_env(env(&[
+            ("GDIRECT_THREADS", "7"),
+            ("GDIRECT_TASK_SIZE", "2M"),
+            ("GDIRECT_STAGING_SIZE", "8m"),
+            ("GDIRECT_PAGE_CACHE", "buffered"),
+            ("GDIRECT_KEEP_MAPPED", "1G"),
+        ]))
+        .expect("env");
+    assert_eq!(
+        (s.threads, s.task_size, s.staging_size),
+        (7, 2 << 20, 8 << 20)
+    );
+    assert_eq!(
+        (s.page_cache, s.keep_mapped),
+        (PageCache::Buffered, 1 << 30)
+    );
+    let err = Settings::default()
+        .with_env(env(&[("GDIRECT_TASK_SIZE", "4 MiB")]))
+        .expect_err("bad size");
+    assert!(
+        matches!(
+            err,
+            Error::BadSetting {
+                name: "GDIRECT_TASK_SIZE",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = Settings::default()
+        .with_env(env(&[("GDIRECT_PAGE_CACHE", "sometimes")]))
+        .expect_err("bad mode");
+    assert!(
+        err.to_string().contains("auto, direct, buffered or mapped"),
+        "{err}"
+    );
+
+    let mut b = CompatEngine::builder().threads(3);
+    b.env = Ok(s);
+    let built = b.settings().expect("settings");
+    assert_eq!(built.threads, 3, "the builder wins over the environment");
+    assert_eq!(
+        built.task_size,
+        2 << 20,
+        "the environment wins over the defaults"
+    );
+
+    for bad in [
+        CompatEngine::builder().threads(0),
+        CompatEngine::builder().task_size(1000),
+        CompatEngine::builder().task_size(0),
+        CompatEngine::builder().max_piece(0),
+    ] {
+        let err = bad.build_host().err().expect("refused");
+        assert_eq!(err.errno(), Some(Errno::EINVAL), "{err}");
+    }
+    assert_eq!(parse_size("64K"), Some(65536));
+    assert_eq!(parse_size("12"), Some(12));
+    assert_eq!(parse_size("99999999999G"), None);
+    assert_eq!(parse_size(""), None);
+}
+
+#[test]
+fn process_counters_add_up() {
+    let f = TempFile::new("stats", 1 << 20, 12);
+    let src = Source::open(&f.path).expect("open");
+    let e = engine(2, 64 << 10, PageCache::Buffered);
+    let before = stats();
+    check_read(&e, &f, &src, 0, 1 << 20);
+    let after = stats();
+    assert!(after.reads > before.reads);
+    assert!(after.bytes - before.bytes >= 1 << 20);
+    assert!(after.buffered_bytes - before.buffered_bytes >= 1 << 20);
+}

@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+//! Reading files into CUDA memory: through the module where it can, the compat engine
+//! everywhere else, and the [`Transfer`] says which and why.
+
+use std::path::Path;
+
+use cudarc::driver::CudaSlice;
+
+use crate::{
+    compat::{CompatEngine, CudaBackend, Report, Source},
+    io::{CompatReason, Engine},
+    Driver, Errno, Error, File, IoPath, Provider, Reason, Result, Transfer, Transport,
+};
+
+/// What [`GpuReader::read`] did: the transfer, and the compat engine's report when it ran.
+#[derive(Clone, Debug)]
+pub struct GpuRead {
+    /// The transfer (its `engine` says which engine and why).
+    pub transfer: Transfer,
+    /// The compat engine's report (how much went direct, through the page cache, ...).
+    pub compat: Option<Report>,
+}
+
+/// Reads files into GPU memory allocated with cudarc.
+///
+/// ```no_run
+/// use gdirect::{compat::{CompatEngine, CudaBackend}, gpu::GpuReader};
+/// let backend = CudaBackend::new(0)?;
+/// let ctx = backend.context().clone();
+/// let reader = GpuReader::new(CompatEngine::builder().build(backend)?);
+/// let mut buf = ctx.default_stream().alloc_zeros::<u8>(1 << 20).expect("GPU memory");
+/// let r = reader.read("data.bin", &mut buf, 0, 0, 1 << 20)?;
+/// println!("{} bytes by {} ({})", r.transfer.bytes, r.transfer.engine, r.transfer.engine.explain());
+/// # Ok::<(), gdirect::Error>(())
+/// ```
+pub struct GpuReader {
+    engine: CompatEngine<CudaBackend>,
+    module: std::result::Result<Driver, CompatReason>,
+}
+
+impl GpuReader {
+    /// A reader that uses the module when it is loaded with the `nvidia` provider, and
+    /// `engine` otherwise.
+    pub fn new(engine: CompatEngine<CudaBackend>) -> Self {
+        let module = match Driver::open() {
+            Err(_) => Err(CompatReason::NoModule),
+            Ok(d) => match d.info() {
+                Ok(info) if info.has_provider(Provider::Nvidia) => Ok(d),
+                Ok(_) => Err(CompatReason::NoProvider),
+                Err(_) => Err(CompatReason::NoModule),
+            },
+        };
+        Self { engine, module }
+    }
+
+    /// A reader that always uses the compat engine.
+    pub fn compat_only(engine: CompatEngine<CudaBackend>) -> Self {
+        Self {
+            engine,
+            module: Err(CompatReason::Requested),
+        }
+    }
+
+    /// The compat engine.
+    pub fn engine(&self) -> &CompatEngine<CudaBackend> {
+        &self.engine
+    }
+
+    /// Why the compat engine will run, or `None` when the module will be tried first.
+    pub fn compat_reason(&self) -> Option<CompatReason> {
+        self.module.as_ref().err().copied()
+    }
+
+    /// Reads `len` bytes of the file at `path`, from `file_offset`, into `memory` at
+    /// `mem_offset`. A read past the end of the file is short and says so.
+    pub fn read(
+        &self,
+        path: impl AsRef<Path>,
+        memory: &mut CudaSlice<u8>,
+        mem_offset: u64,
+        file_offset: u64,
+        len: u64,
+    ) -> Result<GpuRead> {
+        let path = path.as_ref();
+        let why = match &self.module {
+            Ok(driver) => match read_module(driver, path, memory, mem_offset, file_offset, len)? {
+                Ok(transfer) => {
+                    return Ok(GpuRead {
+                        transfer,
+                        compat: None,
+                    })
+                }
+                Err(Fallback(why)) => why,
+            },
+            Err(why) => *why,
+        };
+        let src = Source::open(path)?;
+        let report = self
+            .engine
+            .read(&src, memory, mem_offset, file_offset, len)?;
+        Ok(GpuRead {
+            transfer: compat_transfer(&report, why),
+            compat: Some(report),
+        })
+    }
+}
+
+/// The [`Transfer`] of a compat read: every byte went through host memory (the page cache or
+/// a staging buffer).
+pub(crate) fn compat_transfer(r: &Report, why: CompatReason) -> Transfer {
+    Transfer {
+        engine: Engine::Compat(why),
+        bytes: r.bytes,
+        path: IoPath::Bounce,
+        reason: Reason::None,
+        transport: Transport::Unknown,
+        eof: r.eof,
+        bounce_bytes: r.bytes,
+    }
+}
+
+/// Why the module could not serve a read that the compat engine can.
+struct Fallback(CompatReason);
+
+/// The module's read; `Ok(Err(_))` when the compat engine should serve it instead (the memory
+/// or the range does not suit direct transfers), `Err` for a failure of the read itself.
+fn read_module(
+    driver: &Driver,
+    path: &Path,
+    memory: &mut CudaSlice<u8>,
+    mem_offset: u64,
+    file_offset: u64,
+    len: u64,
+) -> Result<std::result::Result<Transfer, Fallback>> {
+    // A file system without O_DIRECT (tmpfs) has no direct transfers to offer.
+    let Ok(file) = File::open_direct(path) else {
+        return Ok(Err(Fallback(CompatReason::Unaligned)));
+    };
+    let reg = match driver.register(&*memory) {
+        Ok(reg) => reg,
+        Err(Error::Misaligned { .. }) => return Ok(Err(Fallback(CompatReason::Unaligned))),
+        Err(e) => {
+            let errno = e.errno().unwrap_or(Errno::EIO);
+            return Ok(Err(Fallback(CompatReason::Refused(errno))));
+        }
+    };
+    match file.read_into(&reg, mem_offset, file_offset, len) {
+        Ok(t) => Ok(Ok(t)),
+        Err(Error::IoMisaligned { .. } | Error::NotBlockBacked { .. }) => {
+            Ok(Err(Fallback(CompatReason::Unaligned)))
+        }
+        Err(e) => Err(e),
+    }
+}
