@@ -60,11 +60,12 @@ use crate::{
     },
     provider,
     region::{
+        self,
         FileCounters,
         RegShared,
         Registration, //
     },
-    stats,
+    stats, topology,
     uapi::{
         self,
         Cqe,
@@ -111,6 +112,7 @@ enum Command {
     Reap,
     SetEventfd,
     GetStats,
+    PeerCheck,
 }
 
 impl Command {
@@ -127,6 +129,7 @@ impl Command {
             0x07 => Ok(Self::Reap),
             0x08 => Ok(Self::SetEventfd),
             0x09 => Ok(Self::GetStats),
+            0x0a => Ok(Self::PeerCheck),
             _ => Err(ENOTTY),
         }
     }
@@ -144,6 +147,7 @@ impl Command {
             Self::Reap => uapi::IOC_REAP,
             Self::SetEventfd => uapi::IOC_SET_EVENTFD,
             Self::GetStats => uapi::IOC_GET_STATS,
+            Self::PeerCheck => uapi::IOC_PEER_CHECK,
         }
     }
 }
@@ -190,6 +194,7 @@ impl MiscDevice for GdirectFile {
             Command::Reap => me.reap(user),
             Command::SetEventfd => me.set_eventfd(user),
             Command::GetStats => get_stats(user),
+            Command::PeerCheck => peer_check(user),
         }
     }
 
@@ -568,6 +573,22 @@ fn get_stats(user: UserSlice) -> Result<isize> {
 }
 
 /// The PCI device `domain:bus:devfn`, with a reference; `ENODEV` if there is none.
+/// `GDIRECT_IOC_PEER_CHECK`.
+fn peer_check(user: UserSlice) -> Result<isize> {
+    let (mut reader, mut writer) = user.reader_writer();
+    let mut args: uapi::PeerArgs = reader.read()?;
+    if args.flags != 0 || args.reserved != 0 {
+        return Err(EINVAL);
+    }
+    let provider = peer_device(args.provider_domain, args.provider_bdf)?;
+    let client = peer_device(args.client_domain, args.client_bdf)?;
+    let (map_type, distance) = topology::verdict(&provider, &client);
+    args.map_type = region::uapi_map_type(map_type);
+    args.distance = distance;
+    writer.write(&args)?;
+    Ok(0)
+}
+
 fn peer_device(domain: u32, bdf: u32) -> Result<ARef<pci::Device>> {
     if bdf > 0xffff {
         return Err(ENODEV);

@@ -386,11 +386,7 @@ impl Registration {
         let map_type = topology::map_type(&owner.dev, peer);
         let mut mapping = PeerMapping {
             peer: peer.clone(),
-            map_type: match map_type {
-                MapType::NotSupported => uapi::MAP_NOT_SUPPORTED,
-                MapType::BusAddr => uapi::MAP_BUS_ADDR,
-                MapType::ThruHostBridge => uapi::MAP_THRU_HOST_BRIDGE,
-            },
+            map_type: uapi_map_type(map_type),
             addrs: KVVec::new(),
             kind: PeerKind::Bus,
         };
@@ -493,4 +489,13 @@ impl Drop for Registration {
 fn peer_device(peer: &pci::Device) -> *mut bindings::device {
     // SAFETY: `peer` is a valid PCI device; its `dev` lives as long as it does.
     unsafe { &raw mut (*topology::raw_pci(peer)).dev }
+}
+
+/// `GDIRECT_MAP_*` of a map type.
+pub(crate) fn uapi_map_type(m: MapType) -> u32 {
+    match m {
+        MapType::NotSupported => uapi::MAP_NOT_SUPPORTED,
+        MapType::BusAddr => uapi::MAP_BUS_ADDR,
+        MapType::ThruHostBridge => uapi::MAP_THRU_HOST_BRIDGE,
+    }
 }

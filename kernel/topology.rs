@@ -104,15 +104,21 @@ fn common_upstream(
 
 /// How `client` reaches memory in a BAR of `provider`. Logs nothing.
 pub(crate) fn map_type(provider: &pci::Device, client: &pci::Device) -> MapType {
+    verdict(provider, client).0
+}
+
+/// [`map_type`], with the P2PDMA distance (-1 when not supported).
+pub(crate) fn verdict(provider: &pci::Device, client: &pci::Device) -> (MapType, i32) {
     let (p, c) = (raw_pci(provider), raw_pci(client));
     // SAFETY: `c` is a valid device.
     let mut clients = [unsafe { (&raw mut (*c).dev).cast::<c_void>() }];
     // SAFETY: both devices are valid and referenced by the caller; `clients` holds one device.
-    if unsafe { pci_p2pdma_distance_many(p.cast(), clients.as_mut_ptr(), 1, false) } < 0 {
-        return MapType::NotSupported;
+    let distance = unsafe { pci_p2pdma_distance_many(p.cast(), clients.as_mut_ptr(), 1, false) };
+    if distance < 0 {
+        return (MapType::NotSupported, -1);
     }
     match common_upstream(p, c) {
-        Some((_, false)) => MapType::BusAddr,
-        _ => MapType::ThruHostBridge,
+        Some((_, false)) => (MapType::BusAddr, distance),
+        _ => (MapType::ThruHostBridge, distance),
     }
 }

@@ -289,6 +289,20 @@ uapi_struct! {
     }
 }
 
+uapi_struct! {
+    /// Arguments of `GDIRECT_IOC_PEER_CHECK`.
+    pub(crate) struct PeerArgs: gdirect_peer_args, size 32 {
+        provider_domain @ 0: u32,
+        provider_bdf @ 4: u32,
+        client_domain @ 8: u32,
+        client_bdf @ 12: u32,
+        flags @ 16: u32,
+        map_type @ 20: u32,
+        distance @ 24: i32,
+        reserved @ 28: u32,
+    }
+}
+
 /// `GDIRECT_IOC_GET_INFO`.
 pub(crate) const IOC_GET_INFO: u32 = _IOWR::<InfoArgs>(IOC_MAGIC, 0x00);
 /// `GDIRECT_IOC_REGISTER`.
@@ -309,3 +323,5 @@ pub(crate) const IOC_REAP: u32 = _IOWR::<ReapArgs>(IOC_MAGIC, 0x07);
 pub(crate) const IOC_SET_EVENTFD: u32 = _IOW::<EventfdArgs>(IOC_MAGIC, 0x08);
 /// `GDIRECT_IOC_GET_STATS`.
 pub(crate) const IOC_GET_STATS: u32 = _IOWR::<StatsArgs>(IOC_MAGIC, 0x09);
+/// `GDIRECT_IOC_PEER_CHECK`.
+pub(crate) const IOC_PEER_CHECK: u32 = _IOWR::<PeerArgs>(IOC_MAGIC, 0x0a);

@@ -453,4 +453,28 @@ struct gdirect_stats_args {
 
 #define GDIRECT_IOC_GET_STATS _IOWR(GDIRECT_IOC_MAGIC, 0x09, struct gdirect_stats_args)
 
+/*
+ * GDIRECT_IOC_PEER_CHECK: the kernel's PCI P2PDMA verdict for a pair of PCI
+ * functions, without registering anything: how `client` (an NVMe controller,
+ * an RDMA NIC) would reach memory in a BAR of `provider` (a GPU, a device
+ * publishing P2P memory). The same verdict QUERY and the data path use.
+ *
+ * Errors: ENODEV (no such PCI function), EINVAL (flags or reserved not 0).
+ */
+struct gdirect_peer_args {
+	/* in */
+	__u32 provider_domain; /* PCI domain of the memory's function */
+	__u32 provider_bdf; /* bus << 8 | device << 3 | function */
+	__u32 client_domain; /* PCI domain of the DMA-ing function */
+	__u32 client_bdf;
+	__u32 flags; /* must be 0 */
+	/* out */
+	__u32 map_type; /* enum gdirect_map_type (never HOST_MEMORY) */
+	__s32 distance; /* pci_p2pdma_distance(); -1 when not supported */
+	/* in, must be 0 */
+	__u32 reserved;
+};
+
+#define GDIRECT_IOC_PEER_CHECK _IOWR(GDIRECT_IOC_MAGIC, 0x0a, struct gdirect_peer_args)
+
 #endif /* _UAPI_LINUX_GDIRECT_H */

@@ -30,6 +30,11 @@ flags-high EINVAL
 pad EINVAL
 reserved-0 EINVAL
 reserved-3 EINVAL
+peer-self OK
+peer-flags EINVAL
+peer-reserved EINVAL
+peer-nodev ENODEV
+peer-bdf-range ENODEV
 "
 
 ktap_print_header

@@ -13,7 +13,10 @@ use std::{
     ptr::NonNull,
 };
 
-use gdirect::raw::{gdirect_info_args, GDIRECT_IOC_GET_INFO, GDIRECT_IOC_MAGIC};
+use gdirect::raw::{
+    gdirect_info_args, gdirect_peer_args, GDIRECT_IOC_GET_INFO, GDIRECT_IOC_MAGIC,
+    GDIRECT_IOC_PEER_CHECK,
+};
 use nix::{
     errno::Errno,
     fcntl::{open, OFlag},
@@ -38,7 +41,12 @@ const CASES: &str = "\
   flags           GET_INFO with flags = 1                           (expect EINVAL)
   flags-high      GET_INFO with flags = 1 << 31                     (expect EINVAL)
   pad             GET_INFO with pad = 1                             (expect EINVAL)
-  reserved-N      GET_INFO with reserved[N] = 1, N in 0..4          (expect EINVAL)";
+  reserved-N      GET_INFO with reserved[N] = 1, N in 0..4          (expect EINVAL)
+  peer-self       PEER_CHECK of the first PCI function with itself  (expect OK; prints map_type)
+  peer-flags      PEER_CHECK with flags = 1                         (expect EINVAL)
+  peer-reserved   PEER_CHECK with reserved = 1                      (expect EINVAL)
+  peer-nodev      PEER_CHECK of a PCI address with no function      (expect ENODEV)
+  peer-bdf-range  PEER_CHECK with a bdf above 0xffff                (expect ENODEV)";
 
 fn usage() -> ExitCode {
     eprintln!("usage: gdirect-ioctl [--device PATH | --fd N] CASE\ncases:\n{CASES}");
@@ -212,6 +220,26 @@ fn run(fd: &OwnedFd, case: &str) -> Option<Result<(), Errno>> {
             raw_ioctl(fd, get_info, ptr.as_ptr())
         }
         "kernel-ptr" => raw_ioctl(fd, get_info, 0xffff_8880_0000_0000_u64 as *mut CVoid),
+        "peer-self" | "peer-flags" | "peer-reserved" | "peer-nodev" | "peer-bdf-range" => {
+            // 0000:00:00.0, the host bridge of the rig's q35 machine, exists.
+            let mut p = gdirect_peer_args::default();
+            match case {
+                "peer-flags" => p.flags = 1,
+                "peer-reserved" => p.reserved = 1,
+                "peer-nodev" => p.client_domain = 0xfffe,
+                "peer-bdf-range" => p.provider_bdf = 0x1_0000,
+                _ => {}
+            }
+            let r = raw_ioctl(
+                fd,
+                GDIRECT_IOC_PEER_CHECK as u64,
+                (&mut p as *mut gdirect_peer_args).cast(),
+            );
+            if r.is_ok() {
+                println!("map_type={} distance={}", p.map_type, p.distance);
+            }
+            r
+        }
         "flags" | "flags-high" | "pad" => {
             match case {
                 "flags" => args.flags = 1,

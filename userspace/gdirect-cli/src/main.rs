@@ -11,6 +11,7 @@ use gdirect::{
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+mod check;
 mod gpu;
 
 /// GPU-direct storage: read file data straight into GPU memory.
@@ -142,13 +143,18 @@ enum Command {
     },
     /// Check whether this node is set up for GPU-direct storage, and say what to change.
     ///
-    /// Sections: `nvmeof` lists each NVMe over Fabrics controller with its transport, address,
-    /// queue count and queue size, and warns when the queue size is outside 128-256.
+    /// `all` (the default): a matrix of every GPU or P2P-memory PCI function against every NVMe
+    /// controller and RDMA device, with their PCI relation from sysfs (PIX one switch, PXB
+    /// several, PHB the host bridge, NODE across host bridges, SYS across NUMA nodes) and,
+    /// where the module is loaded, the kernel's P2PDMA verdict; then the checks — module and
+    /// providers, IOMMU, ACS redirect, BAR sizes, NUMA, P2PDMA, fabrics queues — each with a
+    /// verdict, the evidence and the fix. `nvmeof` lists only the fabrics controllers.
     ///
-    /// Exit status: 0 when the checks ran (warnings are printed), 2 on error.
+    /// Exit status (all): 0 when the direct path can work for at least one pair, 1 when not,
+    /// 2 when sysfs cannot be read. (nvmeof): 0 when the check ran.
     Check {
         /// The section to check.
-        #[arg(value_parser = ["nvmeof"], default_value = "nvmeof")]
+        #[arg(value_parser = ["all", "nvmeof"], default_value = "all")]
         section: String,
         /// Read sysfs from this directory instead of /sys (for captured trees).
         #[arg(long, default_value = "/sys", hide = true)]
@@ -241,12 +247,15 @@ fn main() -> ExitCode {
         ),
         Command::Stats { json } => stats(&cli.device, json),
         Command::Check {
-            section: _,
+            section,
             sysfs,
             json,
         } => {
-            check_nvmeof(&sysfs, json);
-            return ExitCode::SUCCESS;
+            if section == "nvmeof" {
+                check_nvmeof(&sysfs, json);
+                return ExitCode::SUCCESS;
+            }
+            return check::run(&cli.device, &sysfs, json);
         }
     };
     match result {

@@ -44,6 +44,7 @@ pub mod nvmeof;
 mod pci;
 mod registration;
 mod sys;
+pub mod topology;
 
 /// The kernel's path decision, tested here (see `sys::path_decision`).
 #[cfg(test)]
@@ -63,16 +64,16 @@ pub use io::{
 };
 pub use memory::{DeviceMemory, HostBuffer, P2pMem};
 pub use pci::{ParsePciAddressError, PciAddress};
-pub use registration::{MapType, PeerMap, RegisterOptions, Registration};
+pub use registration::{MapType, PeerMap, PeerVerdict, RegisterOptions, Registration};
 
 /// The request codes and structs of the ABI, for test programs that must send malformed
 /// requests on purpose. Applications use [`Driver`].
 #[doc(hidden)]
 pub mod raw {
     pub use crate::sys::{
-        gdirect_info_args, gdirect_io_args, gdirect_query_args, gdirect_register_args,
-        gdirect_unregister_args, GDIRECT_IOC_GET_INFO, GDIRECT_IOC_MAGIC, GDIRECT_IOC_QUERY,
-        GDIRECT_IOC_READ, GDIRECT_IOC_REGISTER, GDIRECT_IOC_UNREGISTER, GDIRECT_IOC_WRITE,
-        GDIRECT_REGISTER_PERSISTENT,
+        gdirect_info_args, gdirect_io_args, gdirect_peer_args, gdirect_query_args,
+        gdirect_register_args, gdirect_unregister_args, GDIRECT_IOC_GET_INFO, GDIRECT_IOC_MAGIC,
+        GDIRECT_IOC_PEER_CHECK, GDIRECT_IOC_QUERY, GDIRECT_IOC_READ, GDIRECT_IOC_REGISTER,
+        GDIRECT_IOC_UNREGISTER, GDIRECT_IOC_WRITE, GDIRECT_REGISTER_PERSISTENT,
     };
 }

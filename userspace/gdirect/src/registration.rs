@@ -292,6 +292,45 @@ impl<'a> Registration<'a> {
     }
 }
 
+/// The kernel's P2PDMA verdict for a pair of PCI functions ([`Driver::peer_check`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerVerdict {
+    /// How the client reaches the provider's memory.
+    pub map_type: MapType,
+    /// `pci_p2pdma_distance()`, `None` when not supported.
+    pub distance: Option<u32>,
+}
+
+impl Driver {
+    /// How `client` (an NVMe controller, an RDMA NIC) would reach memory in a BAR of
+    /// `provider` (a GPU, a device with P2P memory), by the kernel's own rules
+    /// (`GDIRECT_IOC_PEER_CHECK`): nothing is registered.
+    pub fn peer_check(&self, provider: PciAddress, client: PciAddress) -> Result<PeerVerdict> {
+        let mut args = sys::gdirect_peer_args {
+            provider_domain: provider.domain,
+            provider_bdf: provider.bdf(),
+            client_domain: client.domain,
+            client_bdf: client.bdf(),
+            ..Default::default()
+        };
+        // SAFETY: `args` is a valid, writable struct for the call; the module keeps no pointer.
+        unsafe { sys::peer_check(self.as_raw_fd(), &mut args) }.map_err(|errno| match errno {
+            Errno::ENODEV => Error::NoSuchPeer {
+                peer: if provider.sysfs_path().exists() {
+                    client
+                } else {
+                    provider
+                },
+            },
+            errno => self.ioctl_error("GDIRECT_IOC_PEER_CHECK", errno),
+        })?;
+        Ok(PeerVerdict {
+            map_type: MapType::from_raw(args.map_type),
+            distance: u32::try_from(args.distance).ok(),
+        })
+    }
+}
+
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
         let _ = self.driver.unregister_handle(self.handle);

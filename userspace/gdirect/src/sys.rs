@@ -77,6 +77,12 @@ nix::ioctl_readwrite_bad!(
     GDIRECT_IOC_GET_STATS,
     gdirect_stats_args
 );
+nix::ioctl_readwrite_bad!(
+    /// `GDIRECT_IOC_PEER_CHECK`.
+    peer_check,
+    GDIRECT_IOC_PEER_CHECK,
+    gdirect_peer_args
+);
 
 /// The emulated GPU of the test rig (`tests/egpu/gdirect_egpu.h`).
 pub(crate) mod egpu {
@@ -157,6 +163,7 @@ mod abi {
         assert_eq!(core::mem::size_of::<gdirect_sqe>(), 64);
         assert_eq!(core::mem::size_of::<gdirect_cqe>(), 40);
         assert_eq!(core::mem::size_of::<gdirect_stats_args>(), 1216);
+        assert_eq!(core::mem::size_of::<gdirect_peer_args>(), 32);
         assert_eq!(core::mem::size_of::<gdirect_info_args>() % 8, 0);
         assert_eq!(GDIRECT_IOC_MAGIC, 0xD6);
     }

@@ -1,0 +1,70 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# gdirect check on the rig: the emulated GPU and the NVMe under the same switch
+# are PIX and direct by the kernel's verdict, the NVMe on the other root port
+# PHB and refused; the text report and the JSON say the same; without the
+# module the same relations come from sysfs alone, the module check blocks and
+# the exit status is 1.
+#
+# The egpu's class is RAM (ivshmem), so it is a row because its driver
+# publishes its BAR as P2P memory, as a real GPU would be by its class.
+
+. "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+
+trap _unload_all EXIT
+
+_require_root
+_require_cmd gdirect jq
+nvme0_ctrl=$(_nvme_ctrl_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
+nvme1_ctrl=$(_nvme_ctrl_by_serial "$GDIRECT_NVME1_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME1_SERIAL"
+nvme0=$(_nvme_bdf_by_serial "$GDIRECT_NVME0_SERIAL")
+gpu=$(_gpu_bdf)
+[ -n "$gpu" ] || ktap_exit_fail_msg "no emulated GPU"
+
+ktap_print_header
+ktap_set_plan 14
+
+# The emulated GPU's driver (it publishes the BAR as P2P memory), without gdirect:
+# sysfs alone.
+insmod "$GDIRECT_EGPU_MODULE" || ktap_exit_fail_msg "cannot load $GDIRECT_EGPU_MODULE"
+json=$(gdirect check --json)
+rc=$?
+pair() { echo "$json" | jq -r --arg m "$1" --arg s "$2" ".pairs[] | select(.memory == \$m and .storage == \$s) | $3"; }
+check() { echo "$json" | jq -r --arg n "$1" '[.checks[] | select(.name == $n) | .verdict] | first'; }
+_test "without the module: exit status 1" _expect_eq "exit status" 1 "$rc"
+_test "without the module: the module check blocks" _expect_eq verdict blocking "$(check module)"
+_test "sysfs alone: GPU and $nvme0_ctrl are PIX, direct expected" \
+	_expect_eq "relation expected" "PIX bus_addr" "$(pair "$gpu" "$nvme0_ctrl" '"\(.relation) \(.expected)"')"
+_test "sysfs alone: GPU and $nvme1_ctrl are PHB" \
+	_expect_eq relation PHB "$(pair "$gpu" "$nvme1_ctrl" .relation)"
+
+_load_all || ktap_exit_fail_msg "cannot load the modules"
+text=$(gdirect check)
+rc=$?
+ktap_print_msg "$(echo "$text" | sed -n '1,4p' | tr '\n' '|')"
+json=$(gdirect check --json)
+_test "with the module: exit status 0, the direct path is possible" _expect_eq "exit status" 0 "$rc"
+_test "JSON: direct_possible, module loaded" \
+	_expect_eq "possible loaded" "true true" "$(echo "$json" | jq -r '"\(.direct_possible) \(.module_loaded)"')"
+_test "the GPU is a P2P-memory row, its BAR published" \
+	_expect_eq kind p2pmem "$(echo "$json" | jq -r --arg g "$gpu" '.memories[] | select(.name == $g) | .kind')"
+_test "GPU / $nvme0_ctrl: PIX, the kernel says bus addresses, possible" \
+	_expect_eq "relation kernel possible" "PIX bus_addr true" "$(pair "$gpu" "$nvme0_ctrl" '"\(.relation) \(.kernel) \(.possible)"')"
+_test "GPU / $nvme1_ctrl: PHB, the kernel refuses, not possible" \
+	_expect_eq "relation kernel possible" "PHB not_supported false" "$(pair "$gpu" "$nvme1_ctrl" '"\(.relation) \(.kernel) \(.possible)"')"
+_test "sysfs and the kernel agree on every pair" \
+	_expect_eq disagreements 0 "$(echo "$json" | jq '[.pairs[] | select(.disagreement != null)] | length')"
+module_ok() {
+	echo "$json" | jq -e '.checks[] | select(.name == "module") | select(.verdict == "ok" and (.evidence | contains("nvidia")))' >/dev/null
+}
+_test "the module check is ok and names the nvidia provider" module_ok
+_test "no IOMMU and no ACS redirect in the rig" \
+	_expect_eq "iommu acs" "ok ok" "$(check iommu) $(check acs)"
+row() { echo "$text" | grep "^  $gpu "; }
+text_row() { row | grep -q 'PIX direct' && row | grep -q 'PHB refused'; }
+_test "the text matrix row says PIX direct and PHB refused" text_row
+text_end() { echo "$text" | tail -n 1 | grep -q "possible for .*$gpu <- $nvme0_ctrl"; }
+_test "the text ends with the pairs the direct path works for" text_end
+
+ktap_finished
