@@ -58,6 +58,7 @@ use crate::{
         Dir,
         Transfer, //
     },
+    memlock::MemlockCharge,
     provider,
     region::{
         self,
@@ -318,6 +319,10 @@ impl GdirectFile {
             return Err(ERANGE);
         }
         let reservation = Reservation::new(&self.counters, args.len)?;
+        let memlock = match args.provider {
+            uapi::PROVIDER_HOST => MemlockCharge::new(args.len / provider::PAGE_SIZE)?,
+            _ => None,
+        };
         let shared = RegShared::new()?;
         let pinned = provider::pin(args.provider, args.addr, args.len, args.flags, &shared)?;
         let page_size = pinned.page_size;
@@ -331,6 +336,7 @@ impl GdirectFile {
             shared,
             pinned: pinned.pinned,
             counters: self.counters.clone(),
+            _memlock: memlock,
         };
         // From here the registration's `Drop` gives the reservation back.
         reservation.commit(args.provider);

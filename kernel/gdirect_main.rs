@@ -18,6 +18,7 @@ mod bounce;
 mod error;
 mod file;
 mod io;
+mod memlock;
 mod misc;
 #[allow(
     dead_code,

@@ -37,6 +37,7 @@ use kernel::{
 
 use crate::{
     error,
+    memlock::MemlockCharge,
     provider::Pinned,
     stats,
     topology::{
@@ -298,6 +299,9 @@ pub(crate) struct Registration {
     /// Dropped last (field order): after the peer mappings are undone.
     pub(crate) pinned: Pinned,
     pub(crate) counters: Arc<FileCounters>,
+    /// Host pages charged to the registering process (`RLIMIT_MEMLOCK`): held for its `Drop`,
+    /// which uncharges them after the pages are unpinned (the field order).
+    pub(crate) _memlock: Option<MemlockCharge>,
 }
 
 impl Registration {

@@ -10,6 +10,7 @@
 #include <linux/mm.h>
 #include <linux/pci.h>
 #include <linux/pci-p2pdma.h>
+#include <linux/sched/signal.h>
 #include <linux/workqueue.h>
 
 struct pci_dev *gdirect_pci_upstream_bridge(struct pci_dev *dev);
@@ -49,6 +50,32 @@ void gdirect_init_sync_kiocb(void *kiocb, void *file);
 void gdirect_init_sync_kiocb(void *kiocb, void *file)
 {
 	init_sync_kiocb(kiocb, file);
+}
+
+/* pinned_vm of an mm: atomic64_add_return() is inline. */
+/* mm: struct mm_struct * */
+s64 gdirect_mm_pinned_add(void *mm, s64 pages);
+s64 gdirect_mm_pinned_add(void *mm, s64 pages)
+{
+	return atomic64_add_return(pages, &((struct mm_struct *)mm)->pinned_vm);
+}
+
+/*
+ * current->mm (`current` is an inline). Not read from Rust: in this kernel's
+ * Rust bindings struct task_struct does not match C's layout (mm at 864, not
+ * 912, bytes), so the kernel crate's CurrentTask::mm() reads another field.
+ */
+void *gdirect_current_mm(void);
+void *gdirect_current_mm(void)
+{
+	return current->mm;
+}
+
+/* rlimit() is inline. */
+u64 gdirect_memlock_limit_pages(void);
+u64 gdirect_memlock_limit_pages(void)
+{
+	return rlimit(RLIMIT_MEMLOCK) >> PAGE_SHIFT;
 }
 
 /* disk: struct gendisk * */

@@ -60,7 +60,8 @@ const PIN_BATCH: usize = 512;
 
 impl UserPages {
     /// Pins the user pages of `[addr, addr + len)` of the calling process for writing. `ENXIO`
-    /// when part of the range is not mapped, or is P2PDMA memory without `p2pdma`.
+    /// when part of the range is not mapped, or is P2PDMA memory without `p2pdma`; `ENOMEM` when
+    /// the kernel is out of memory.
     ///
     /// Host pages are pinned for the long term (`FOLL_LONGTERM` moves them out of movable zones
     /// first). P2PDMA pages cannot be: GUP refuses `FOLL_LONGTERM` with `FOLL_PCI_P2PDMA` so that
@@ -73,28 +74,40 @@ impl UserPages {
         } else {
             bindings::FOLL_WRITE | bindings::FOLL_LONGTERM
         };
-        let mut pages = KVVec::with_capacity(n, GFP_KERNEL)?;
+        // Every page pinned so far is in `me`, whose drop unpins them if a later step fails.
         let mut me = Self {
-            pages: KVVec::new(),
+            pages: KVVec::with_capacity(n, GFP_KERNEL)?,
         };
         let mut batch = [core::ptr::null_mut::<bindings::page>(); PIN_BATCH];
-        while pages.len() < n {
-            let want = (n - pages.len()).min(PIN_BATCH);
-            let start = addr + pages.len() as u64 * PAGE_SIZE;
+        while me.pages.len() < n {
+            let want = (n - me.pages.len()).min(PIN_BATCH);
+            let start = addr + me.pages.len() as u64 * PAGE_SIZE;
             // SAFETY: `batch` has room for `want` page pointers; the range is the caller's own
             // user memory, checked by the GUP code itself.
             let got = unsafe {
                 bindings::pin_user_pages_fast(start as _, want as i32, flags, batch.as_mut_ptr())
             };
+            // Out of memory is said as such; any other failure (nothing pinned, EFAULT,
+            // EREMOTEIO for P2PDMA pages, EOPNOTSUPP) means the range is not memory this
+            // provider can pin.
+            if got == ENOMEM.to_errno() {
+                return Err(ENOMEM);
+            }
             if got <= 0 {
-                me.pages = pages;
                 return Err(ENXIO);
             }
-            for p in &batch[..got as usize] {
-                pages.push(PagePtr(*p), GFP_KERNEL)?;
+            let got = (got as usize).min(want);
+            for (i, p) in batch[..got].iter().enumerate() {
+                // Cannot fail: room for all `n` pages was reserved and `got <= want`.
+                if me.pages.push_within_capacity(PagePtr(*p)).is_err() {
+                    // SAFETY: `batch[i..got]` were pinned just above and are not in `me`.
+                    unsafe {
+                        bindings::unpin_user_pages(batch[i..got].as_mut_ptr(), (got - i) as _)
+                    };
+                    return Err(ENOMEM);
+                }
             }
         }
-        me.pages = pages;
         Ok(me)
     }
 

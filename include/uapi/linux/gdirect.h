@@ -28,6 +28,15 @@
  *           or a nonzero reserved/pad field.
  *  EFAULT   the argument pointer is not readable/writable user memory.
  *
+ * Permissions: the device is created mode 0660 (root; give a group access).
+ * Transfers only ever use file descriptors the caller opened itself: the
+ * module opens no path or device of its own, so the file system's checks
+ * stand; WRITE needs a file open for writing, READ one open for reading.
+ * Handles name registrations of one open file; host addresses are pinned in
+ * the caller's address space and GPU addresses looked up in the caller's GPU
+ * context, so a process cannot reach another's memory. Host memory pinned by
+ * REGISTER counts against the caller's RLIMIT_MEMLOCK (see ENOMEM below).
+ *
  * open(2) of the device fails with ENODEV while the module is being unloaded.
  * Every open file holds a reference on the module: rmmod fails with EBUSY
  * (EAGAIN from delete_module(2)) until the last one is closed.
@@ -123,7 +132,8 @@ struct gdirect_info_args {
  *  ENXIO           the range is not (entirely) memory of that provider: not
  *                  mapped in the process, not P2PDMA memory, not a GPU
  *                  allocation, or spanning two devices.
- *  EDQUOT          pinning len more bytes would exceed max_pinned_bytes.
+ *  EDQUOT          pinning len more bytes would exceed max_pinned_bytes (the
+ *                  module's limit over every provider and every process).
  *  EMFILE          this file already holds max_registrations registrations.
  *  ENOENT          no registration with this handle was ever made on this file.
  *  ESTALE          the handle was unregistered already.
@@ -133,7 +143,10 @@ struct gdirect_info_args {
  *                  UNREGISTER still works on it. (Not ENOLINK, which the block
  *                  layer returns for transport errors of a transfer.)
  *  ENODEV          QUERY: no PCI device at that address.
- *  ENOMEM          out of memory.
+ *  ENOMEM          out of memory; or, for the host provider, pinning len more
+ *                  bytes would take the caller past RLIMIT_MEMLOCK (host pages
+ *                  count in the process's pinned_vm, as RDMA registrations do;
+ *                  CAP_IPC_LOCK lifts the limit). Device memory is not charged.
  */
 
 /* REGISTER flags */
