@@ -149,9 +149,17 @@ struct Alloc {
     offset: u64,
     len: u64,
     owner: u64,
+    /// The process that allocated it: as in NVIDIA's driver, a GPU virtual address means
+    /// something only in its own process's address space.
+    tgid: i32,
     /// Freed by its owner, kept for its persistent mappings.
     freed: bool,
     mappings: KVec<Mapping>,
+}
+
+/// The calling process.
+fn current_tgid() -> i32 {
+    kernel::current!().tgid_nr_ns(None)
 }
 
 impl Alloc {
@@ -225,6 +233,7 @@ impl Egpu {
                 offset,
                 len,
                 owner,
+                tgid: current_tgid(),
                 freed: false,
                 mappings: KVec::new(),
             },
@@ -239,10 +248,18 @@ impl Egpu {
     /// Frees the allocations of `owner` (all, or the one at `va`): returns the mappings to
     /// revoke and the number of persistent ones that keep their memory for now.
     fn free(&self, owner: u64, va: Option<u64>) -> Result<(KVec<Mapping>, u32)> {
-        let mut revoke = KVec::new();
         let mut deferred = 0;
         let mut found = false;
         let mut inner = self.inner.lock();
+        // Room for every mapping taken out below, reserved first: once a mapping leaves its
+        // allocation nothing may fail, or its free callback would never run.
+        let count = inner
+            .allocs
+            .iter()
+            .filter(|a| a.owner == owner && !a.freed && va.is_none_or(|va| va == a.va()))
+            .map(|a| a.mappings.iter().filter(|m| !m.persistent).count())
+            .sum();
+        let mut revoke = KVec::with_capacity(count, GFP_KERNEL)?;
         let mut i = 0;
         while i < inner.allocs.len() {
             let a = &mut inner.allocs[i];
@@ -258,7 +275,8 @@ impl Egpu {
                     j += 1;
                 } else {
                     let m = a.mappings.remove(j).map_err(|_| EINVAL)?;
-                    revoke.push(m, GFP_KERNEL)?;
+                    // Cannot fail: room for every mapping taken out was reserved above.
+                    revoke.push_within_capacity(m).map_err(|_| ENOMEM)?;
                 }
             }
             if a.mappings.is_empty() {
@@ -579,11 +597,12 @@ fn get_pages(
         return Err(EINVAL);
     }
     let egpu = device()?;
+    let tgid = current_tgid();
     let mut inner = egpu.inner.lock();
     let a = inner
         .allocs
         .iter_mut()
-        .find(|a| !a.freed && a.contains(va, len))
+        .find(|a| !a.freed && a.tgid == tgid && a.contains(va, len))
         .ok_or(EINVAL)?;
     let n = (len / PAGE) as usize;
     let first = a.offset + (va - a.va());

@@ -15,7 +15,9 @@
  * open file that made them: FREE or closing the file frees them, and, as
  * cudaFree does, runs the free callback of every nvidia_p2p_get_pages mapping
  * on them; mappings made with nvidia_p2p_get_pages_persistent instead keep the
- * memory until nvidia_p2p_put_pages_persistent.
+ * memory until nvidia_p2p_put_pages_persistent. As with NVIDIA's driver, a
+ * GPU virtual address means something only to the process that allocated it:
+ * nvidia_p2p_get_pages from another process does not find it (EINVAL).
  *
  * Errors: EINVAL malformed request (flags, reserved, zero or unaligned length),
  * ENOMEM no free BAR range of that size, ENOENT no allocation at that address
