@@ -58,6 +58,17 @@ _unload_module_if_ours() {
 
 GDIRECT_EGPU_MODULE=${GDIRECT_EGPU_MODULE:-/lib/gdirect/gdirect_egpu.ko}
 
+# Keeps the whole of block device $1 in a file in guest memory until _ns_restore
+# writes it back: for tests that write a namespace whose content other tests read.
+_ns_save() {
+	_ns_saved_dev=$1 _ns_saved=/tmp/ns-save.$$
+	dd if="$1" of="$_ns_saved" bs=1M iflag=direct status=none
+}
+_ns_restore() {
+	[ -n "${_ns_saved_dev:-}" ] && [ -s "$_ns_saved" ] || return 0
+	dd if="$_ns_saved" of="$_ns_saved_dev" bs=1M oflag=direct status=none && rm -f "$_ns_saved"
+}
+
 # Load the emulated GPU (and gdirect) for a test; _unload_all undoes both.
 _load_all() {
 	_load_module || return 1

@@ -9,9 +9,34 @@
 //!   batch DEV                     256-entry batches of reads into GPU memory: in-flight limit,
 //!                                 eventfd notification, reap, every byte checked
 //!   errors DEV                    each bad transfer's errno, one `case=ERRNO` line each
-//!   revoke DEV                    free GPU memory while reads into it are in flight
+//!   revoke DEV [COUNT]            free GPU memory while COUNT (default 128, at most 128) 1 MiB
+//!                                 reads into it are in flight
 //!   inflight DEV COUNT            COUNT batched 1 MiB reads into GPU memory, all reaped: how many
 //!                                 completed and with which errno, and how long it took
+//!   faults COUNT SEED DEV         COUNT random reads of DEV into GPU memory (synchronous or in
+//!                                 batches, P2P or bounced) while faults may be injected: each
+//!                                 either delivers every byte right or fails with an errno,
+//!                                 never a partial success; prints the tally (GDIRECT_GATE=PATH:
+//!                                 wait for PATH.go after setup, announced by PATH.ready)
+//!   allocfail COUNT DEV           COUNT rounds of open, register (host and GPU), query, read,
+//!                                 batch, unregister and close while the module's allocations
+//!                                 may fail: each step succeeds (every byte right) or fails with
+//!                                 an errno; prints the tally per step
+//!   revclose COUNT DEV            COUNT rounds: 32 batched reads into registered GPU memory in
+//!                                 flight, then the memory freed (revocation) and the device file
+//!                                 closed at once, from two threads
+//!   module-range NAME             the start and end of the module's code, in hex (root only)
+//!   limits DEV HOST_BYTES         a 32-entry batch against max_in_flight (first_submit), 16
+//!                                 threads of bounced 1 MiB reads against the bounce pool (every
+//!                                 byte checked), and registrations of HOST_BYTES of host memory
+//!                                 and 1 MiB of GPU memory against RLIMIT_MEMLOCK
+//!   stress OPS SEED THREADS DEV READ_START READ_LEN RW_START RW_LEN
+//!                                 THREADS threads, OPS operations each, on DEV: reads of the
+//!                                 read window (which nobody writes) and reads and writes of
+//!                                 each thread's slice of the RW window, between DEV and GPU
+//!                                 memory, P2P or bounced at random, with the GPU memory freed
+//!                                 (revoked) and registered again underneath; every byte of
+//!                                 every read compared with a snapshot or the thread's shadow
 //! Exit status: 0 when every check passed, 1 when one failed, 2 on a usage or setup error.
 
 use std::{
@@ -47,11 +72,49 @@ fn main() -> ExitCode {
         },
         Some("batch") if args.len() == 2 => batch(&args[1]),
         Some("errors") if args.len() == 2 => errors(&args[1]),
-        Some("revoke") if args.len() == 2 => revoke(&args[1]),
+        Some("revoke") if args.len() == 2 => revoke(&args[1], 128),
+        Some("revoke") if args.len() == 3 => match args[2].parse() {
+            Ok(count @ 1..=128) => revoke(&args[1], count),
+            _ => return usage(),
+        },
         Some("inflight") if args.len() == 3 => match args[2].parse() {
             Ok(count) => inflight(&args[1], count),
             _ => return usage(),
         },
+        Some("faults") if args.len() == 4 => match (args[1].parse(), args[2].parse()) {
+            (Ok(count), Ok(seed)) => faults(count, seed, &args[3]),
+            _ => return usage(),
+        },
+        Some("revclose") if args.len() == 3 => match args[1].parse() {
+            Ok(count) => revclose(count, &args[2]),
+            _ => return usage(),
+        },
+        Some("allocfail") if args.len() == 3 => match args[1].parse() {
+            Ok(count) => allocfail(count, &args[2]),
+            _ => return usage(),
+        },
+        Some("module-range") if args.len() == 2 => {
+            return match module_text_range(&args[1]) {
+                Some((start, end)) => {
+                    println!("{start:#x} {end:#x}");
+                    ExitCode::SUCCESS
+                }
+                None => ExitCode::FAILURE,
+            };
+        }
+        Some("limits") if args.len() == 3 => match args[2].parse() {
+            Ok(host) => limits(&args[1], host),
+            _ => return usage(),
+        },
+        Some("stress") if args.len() == 9 => {
+            let n: Vec<Option<u64>> = args[1..].iter().map(|a| a.parse().ok()).collect();
+            match (n[0], n[1], n[2], n[4], n[5], n[6], n[7]) {
+                (Some(ops), Some(seed), Some(threads), Some(rs), Some(rl), Some(ws), Some(wl)) => {
+                    stress(ops, seed, threads, &args[4], rs..rs + rl, ws..ws + wl)
+                }
+                _ => return usage(),
+            }
+        }
         _ => return usage(),
     };
     match result {
@@ -461,35 +524,34 @@ fn inflight(dev: &str, count: u64) -> gdirect::Result<()> {
     Ok(())
 }
 
-fn revoke(dev: &str) -> gdirect::Result<()> {
-    const N: u64 = 128;
+fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
     const LEN: u64 = 1 << 20;
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
-    let alloc = gpu.alloc(N * LEN)?;
+    let alloc = gpu.alloc(count * LEN)?;
     let (va, bar_offset) = (alloc.va(), alloc.bar_offset());
     let reg = driver.register(&alloc)?;
     let file = File::open_direct(dev)?;
     let mut b = Batch::new();
-    for i in 0..N {
+    for i in 0..count {
         b.read(&file, &reg, i * LEN, (i % 16) * LEN, LEN, i);
     }
     let mut submitted = 0;
     while submitted < b.len() {
-        let n = driver.submit(&b, submitted)?;
-        if n == 0 {
+        let queued = driver.submit(&b, submitted)?;
+        if queued == 0 {
             break;
         }
-        submitted += n;
+        submitted += queued;
     }
     // Free while the reads are in flight: the free returns once no read can touch the memory.
     let report = gpu.free_va(va)?;
     // The allocation's bytes must not change from here on.
-    let snapshot = bar_bytes(&gpu, bar_offset, N * LEN)?;
+    let snapshot = bar_bytes(&gpu, bar_offset, count * LEN)?;
     let (mut ok, mut revoked, mut other) = (0, 0, 0);
     let mut reaped = 0;
     while reaped < submitted {
-        for c in driver.reap(N as usize, true)? {
+        for c in driver.reap(count as usize, true)? {
             reaped += 1;
             match c.result {
                 Ok(t) if t.bytes == LEN => ok += 1,
@@ -501,7 +563,7 @@ fn revoke(dev: &str) -> gdirect::Result<()> {
             }
         }
     }
-    let after = bar_bytes(&gpu, bar_offset, N * LEN)?;
+    let after = bar_bytes(&gpu, bar_offset, count * LEN)?;
     println!(
         "submitted={submitted} completed_ok={ok} revoked={revoked} other={other} callbacks={}",
         report.callbacks
@@ -587,4 +649,567 @@ impl Drop for MapRead {
         // SAFETY: the mapping made in `new`.
         let _ = unsafe { nix::sys::mman::munmap(self.ptr.cast(), self.len) };
     }
+}
+
+/// Counters of a stress run, summed over its threads.
+#[derive(Default)]
+struct StressTally {
+    ops: u64,
+    reads: u64,
+    writes: u64,
+    bytes: u64,
+    mismatches: u64,
+    revocations: u64,
+    revoked_errors: u64,
+    registrations: u64,
+    p2p: u64,
+    bounce: u64,
+}
+
+fn stress(
+    ops: u64,
+    seed: u64,
+    threads: u64,
+    dev: &str,
+    read: std::ops::Range<u64>,
+    rw: std::ops::Range<u64>,
+) -> gdirect::Result<()> {
+    println!("seed={seed} threads={threads} ops={ops} dev={dev}");
+    let snapshot = buffered(dev, read.start, (read.end - read.start) as usize)?;
+    let slice = (rw.end - rw.start) / threads.max(1) / 4096 * 4096;
+    let total = std::sync::Mutex::new(StressTally::default());
+    let failed = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (snapshot, total, read) = (&snapshot, &total, read.clone());
+                let mine = rw.start + t * slice..rw.start + (t + 1) * slice;
+                s.spawn(move || {
+                    stress_thread(
+                        ops,
+                        seed ^ ((t + 1) * 0x9e37_79b9),
+                        dev,
+                        read,
+                        snapshot,
+                        mine,
+                        total,
+                    )
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .filter_map(|h| h.join().ok())
+            .filter(|r| r.is_err())
+            .count()
+    });
+    let t = total.lock().unwrap_or_else(|e| e.into_inner());
+    println!(
+        "ops={} reads={} writes={} bytes={} mismatches={} revocations={} revoked_errors={} registrations={} p2p={} bounce={} thread_errors={failed}",
+        t.ops, t.reads, t.writes, t.bytes, t.mismatches, t.revocations, t.revoked_errors, t.registrations, t.p2p, t.bounce
+    );
+    check("no thread failed", failed == 0, || {
+        format!("{failed} thread(s) failed")
+    });
+    check("no byte differs", t.mismatches == 0, || {
+        format!("{} mismatches", t.mismatches)
+    });
+    Ok(())
+}
+
+fn stress_thread(
+    ops: u64,
+    seed: u64,
+    dev: &str,
+    read: std::ops::Range<u64>,
+    snapshot: &[u8],
+    mine: std::ops::Range<u64>,
+    total: &std::sync::Mutex<StressTally>,
+) -> gdirect::Result<()> {
+    const LEN: u64 = 4 << 20;
+    let mut rng = Rng(seed | 1);
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let file = File::open_direct_rw(dev)?;
+    let mut shadow = buffered(dev, mine.start, (mine.end - mine.start) as usize)?;
+    let mut tally = StressTally::default();
+    let mut alloc = gpu.alloc(LEN)?;
+    // By range, so that the CPU can fill the allocation while it is registered.
+    let register = |va: u64| {
+        driver.register_range(
+            gdirect::Provider::Nvidia,
+            va,
+            LEN,
+            gdirect::RegisterOptions::new(),
+        )
+    };
+    let mut reg = Some(register(alloc.va())?);
+    tally.registrations += 1;
+    let mut scratch = vec![0u8; LEN as usize];
+    for i in 0..ops {
+        // Now and then the GPU memory goes away under the registration (cudaFree), or the
+        // registration is replaced.
+        match rng.below(100) {
+            0 | 1 => {
+                let va = alloc.va();
+                gpu.free_va(va)?;
+                tally.revocations += 1;
+                if let Some(r) = &reg {
+                    match file.read_into(r, 0, mine.start, 4096) {
+                        Err(Error::Revoked { .. }) => tally.revoked_errors += 1,
+                        other => check("a revoked registration refuses I/O", false, || {
+                            format!("op {i}: {other:?}")
+                        }),
+                    }
+                }
+                // The allocation is gone (freed above): forget the handle, allocate anew.
+                std::mem::forget(alloc);
+                alloc = gpu.alloc(LEN)?;
+                reg = Some(register(alloc.va())?);
+                tally.registrations += 1;
+            }
+            2 | 3 => {
+                drop(reg.take());
+                reg = Some(register(alloc.va())?);
+                tally.registrations += 1;
+            }
+            _ => {}
+        }
+        let Some(r) = &reg else { continue };
+        let len = (1 + rng.below(64)) * 4096;
+        let buf_offset = rng.below((LEN - len) / 4096 + 1) * 4096;
+        let opts = IoOptions::new().force_bounce(rng.below(3) == 0);
+        let t = match rng.below(4) {
+            0 | 1 => {
+                // The read window: compare with the snapshot.
+                let span = read.end - read.start;
+                let off = rng.below((span - len) / 4096 + 1) * 4096;
+                let t = file.read_into_with(r, buf_offset, read.start + off, len, opts)?;
+                alloc.read(buf_offset, &mut scratch[..len as usize])?;
+                let want = &snapshot[off as usize..(off + len) as usize];
+                if t.bytes != len || scratch[..len as usize] != *want {
+                    tally.mismatches += 1;
+                    println!(
+                        "FAIL: op {i}: read window {}+{len}: {} bytes, content differs",
+                        read.start + off,
+                        t.bytes
+                    );
+                }
+                tally.reads += 1;
+                t
+            }
+            2 => {
+                // My slice: new bytes from GPU memory to the device.
+                let span = mine.end - mine.start;
+                let off = rng.below((span - len) / 4096 + 1) * 4096;
+                for b in scratch[..len as usize].iter_mut() {
+                    *b = rng.next() as u8;
+                }
+                alloc.write(buf_offset, &scratch[..len as usize])?;
+                let t = file.write_from_with(r, buf_offset, mine.start + off, len, opts)?;
+                if t.bytes == len {
+                    shadow[off as usize..(off + len) as usize]
+                        .copy_from_slice(&scratch[..len as usize]);
+                } else {
+                    tally.mismatches += 1;
+                    println!(
+                        "FAIL: op {i}: write of {len} at {} wrote {}",
+                        mine.start + off,
+                        t.bytes
+                    );
+                }
+                tally.writes += 1;
+                t
+            }
+            _ => {
+                // My slice back: compare with the shadow.
+                let span = mine.end - mine.start;
+                let off = rng.below((span - len) / 4096 + 1) * 4096;
+                let t = file.read_into_with(r, buf_offset, mine.start + off, len, opts)?;
+                alloc.read(buf_offset, &mut scratch[..len as usize])?;
+                if t.bytes != len
+                    || scratch[..len as usize] != shadow[off as usize..(off + len) as usize]
+                {
+                    tally.mismatches += 1;
+                    println!(
+                        "FAIL: op {i}: my slice {}+{len}: content differs from what was written",
+                        mine.start + off
+                    );
+                }
+                tally.reads += 1;
+                t
+            }
+        };
+        tally.ops += 1;
+        tally.bytes += t.bytes;
+        match t.path {
+            IoPath::P2p => tally.p2p += 1,
+            _ => tally.bounce += 1,
+        }
+    }
+    drop(reg);
+    let mut total = total.lock().unwrap_or_else(|e| e.into_inner());
+    total.ops += tally.ops;
+    total.reads += tally.reads;
+    total.writes += tally.writes;
+    total.bytes += tally.bytes;
+    total.mismatches += tally.mismatches;
+    total.revocations += tally.revocations;
+    total.revoked_errors += tally.revoked_errors;
+    total.registrations += tally.registrations;
+    total.p2p += tally.p2p;
+    total.bounce += tally.bounce;
+    Ok(())
+}
+
+fn limits(dev: &str, host_bytes: u64) -> gdirect::Result<()> {
+    const LEN: u64 = 1 << 20;
+    let outcome = |r: &gdirect::Result<gdirect::Registration<'_>>| match r {
+        Ok(_) => "OK".to_string(),
+        Err(e) => e.errno().map_or("?".into(), |e| format!("{e:?}")),
+    };
+    let driver = Driver::open()?;
+    let host = gdirect::HostBuffer::new(host_bytes as usize)?;
+    println!("host_register={}", outcome(&driver.register(&host)));
+    let gpu = Egpu::open()?;
+    let small = gpu.alloc(LEN)?;
+    println!("gpu_register={}", outcome(&driver.register(&small)));
+    drop(small);
+
+    // In flight: one SUBMIT of 32 queues at most max_in_flight of them.
+    let alloc = gpu.alloc(32 * LEN)?;
+    let reg = driver.register(&alloc)?;
+    let file = File::open_direct(dev)?;
+    let mut b = Batch::new();
+    for i in 0..32 {
+        b.read(&file, &reg, i * LEN, i * LEN, LEN, i);
+    }
+    let first = driver.submit(&b, 0)?;
+    println!("first_submit={first}");
+    let (mut submitted, mut reaped, mut ok) = (first, 0, 0);
+    while reaped < b.len() {
+        for c in driver.reap(32, true)? {
+            reaped += 1;
+            ok += u64::from(matches!(c.result, Ok(t) if t.bytes == LEN));
+        }
+        if submitted < b.len() {
+            submitted += driver.submit(&b, submitted)?;
+        }
+    }
+    println!("batch_ok={ok}");
+
+    // The bounce pool: 16 threads of forced-bounce reads wait for buffers, never fail.
+    let want = buffered(dev, 0, (16 * LEN) as usize)?;
+    let (good, bad) = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..16u64)
+            .map(|t| {
+                let (file, reg, alloc, want) = (&file, &reg, &alloc, &want);
+                s.spawn(move || {
+                    let mut got = vec![0u8; LEN as usize];
+                    let (mut good, mut bad) = (0u64, 0u64);
+                    for k in 0..4u64 {
+                        let off = ((t + k) % 16) * LEN;
+                        let r = file.read_into_with(
+                            reg,
+                            t * LEN,
+                            off,
+                            LEN,
+                            IoOptions::new().force_bounce(true),
+                        );
+                        let same = alloc.read(t * LEN, &mut got).is_ok()
+                            && got[..] == want[off as usize..(off + LEN) as usize];
+                        match r {
+                            Ok(tr) if tr.bytes == LEN && tr.path == IoPath::Bounce && same => {
+                                good += 1
+                            }
+                            _ => bad += 1,
+                        }
+                    }
+                    (good, bad)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .filter_map(|h| h.join().ok())
+            .fold((0, 0), |(g, b), (g2, b2)| (g + g2, b + b2))
+    });
+    println!("bounce_ok={good} bounce_bad={bad}");
+    Ok(())
+}
+
+fn faults(count: u64, seed: u64, dev: &str) -> gdirect::Result<()> {
+    const LEN: u64 = 8 << 20;
+    println!("seed={seed}");
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let alloc = gpu.alloc(LEN)?;
+    let reg = driver.register(&alloc)?;
+    let file = File::open_direct(dev)?;
+    let size = size_of(dev)?.min(64 << 20);
+    let reference = buffered(dev, 0, size as usize)?;
+    // With GDIRECT_GATE=PATH: say PATH.ready once set up, and start when PATH.go exists, so
+    // that faults injected from then on hit only the reads.
+    if let Some(gate) = std::env::var_os("GDIRECT_GATE") {
+        let gate = std::path::PathBuf::from(gate);
+        let _ = std::fs::write(gate.with_extension("ready"), b"");
+        while !gate.with_extension("go").exists() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    let mut rng = Rng(seed | 1);
+    let (mut ok, mut failed, mut partial, mut mismatches) = (0u64, 0u64, 0u64, 0u64);
+    let mut errnos: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    let mut got = vec![0u8; LEN as usize];
+    let mut judge = |r: Result<u64, Errno>, buf: u64, off: u64, len: u64, got: &mut Vec<u8>| match r
+    {
+        Ok(n) if n == len => {
+            let view = &mut got[..len as usize];
+            let same = alloc.read(buf, view).is_ok()
+                && *view == reference[off as usize..(off + len) as usize];
+            if same {
+                ok += 1;
+            } else {
+                mismatches += 1;
+                println!("FAIL: {len} bytes at {off} read, but not the device's");
+            }
+        }
+        Ok(n) => {
+            partial += 1;
+            println!("FAIL: a read of {len} at {off} reported {n} bytes: partial success");
+        }
+        Err(e) => {
+            failed += 1;
+            *errnos.entry(format!("{e:?}")).or_default() += 1;
+        }
+    };
+    let mut i = 0;
+    while i < count {
+        let opts = IoOptions::new().force_bounce(rng.below(2) == 0);
+        if rng.below(2) == 0 {
+            let len = (1 + rng.below(256)) * 4096;
+            let off = rng.below((size - len) / 4096 + 1) * 4096;
+            let buf = rng.below((LEN - len) / 4096 + 1) * 4096;
+            let r = file
+                .read_into_with(&reg, buf, off, len, opts)
+                .map(|t| t.bytes)
+                .map_err(|e| e.errno().unwrap_or(Errno::EIO));
+            judge(r, buf, off, len, &mut got);
+            i += 1;
+        } else {
+            // A batch of up to 8 reads into disjoint 1 MiB slots.
+            let n = (1 + rng.below(8)).min(count - i);
+            let mut b = Batch::new();
+            let mut want = Vec::new();
+            for k in 0..n {
+                let len = (1 + rng.below(256)) * 4096;
+                let off = rng.below((size - len) / 4096 + 1) * 4096;
+                b.push(0, &file, &reg, k * (1 << 20), off, len, k, opts);
+                want.push((k * (1 << 20), off, len));
+            }
+            let (mut submitted, mut reaped, mut refused) = (0, 0, false);
+            while reaped < submitted || (!refused && submitted < b.len()) {
+                if !refused && submitted < b.len() {
+                    match driver.submit(&b, submitted) {
+                        Ok(m) => submitted += m,
+                        Err(e) => {
+                            // The rest of the batch was refused: each one a failure.
+                            for _ in submitted..b.len() {
+                                judge(Err(e.errno().unwrap_or(Errno::EIO)), 0, 0, 0, &mut got);
+                            }
+                            refused = true;
+                        }
+                    }
+                }
+                if reaped < submitted {
+                    for c in driver.reap(8, true)? {
+                        reaped += 1;
+                        let (buf, off, len) = want[c.user_data as usize];
+                        judge(c.result.map(|t| t.bytes), buf, off, len, &mut got);
+                    }
+                }
+            }
+            i += n;
+        }
+    }
+    let errs: Vec<String> = errnos.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+    println!(
+        "ops={count} ok={ok} failed={failed} partial={partial} mismatches={mismatches} errnos={}",
+        if errs.is_empty() {
+            "none".into()
+        } else {
+            errs.join(",")
+        }
+    );
+    check("no partial success", partial == 0, || format!("{partial}"));
+    check("no wrong byte", mismatches == 0, || format!("{mismatches}"));
+    Ok(())
+}
+
+fn allocfail(count: u64, dev: &str) -> gdirect::Result<()> {
+    const LEN: u64 = 1 << 20;
+    let reference = buffered(dev, 0, LEN as usize)?;
+    let gpu = Egpu::open()?;
+    let mut tally: std::collections::BTreeMap<(&str, String), u64> =
+        std::collections::BTreeMap::new();
+    let mut note = |step: &'static str, r: Result<(), Errno>| {
+        let o = r.map_or_else(|e| format!("{e:?}"), |()| "OK".into());
+        *tally.entry((step, o)).or_default() += 1;
+    };
+    let errno = |e: Error| e.errno().unwrap_or(Errno::EIO);
+    let mut mismatches = 0u64;
+    let mut partial = 0u64;
+    let mut got = vec![0u8; LEN as usize];
+    for _ in 0..count {
+        let driver = match Driver::open() {
+            Ok(d) => d,
+            Err(e) => {
+                note("open", Err(errno(e)));
+                continue;
+            }
+        };
+        note("open", Ok(()));
+        let host = gdirect::HostBuffer::new(1 << 16)?;
+        match driver.register(&host) {
+            Ok(r) => {
+                note("register_host", Ok(()));
+                note("unregister", r.unregister().map_err(errno));
+            }
+            Err(e) => note("register_host", Err(errno(e))),
+        }
+        let alloc = gpu.alloc(LEN)?;
+        let reg = match driver.register(&alloc) {
+            Ok(r) => r,
+            Err(e) => {
+                note("register_gpu", Err(errno(e)));
+                continue;
+            }
+        };
+        note("register_gpu", Ok(()));
+        note(
+            "query",
+            reg.query(gdirect::PciAddress {
+                domain: 0,
+                bus: 3,
+                device: 0,
+                function: 0,
+            })
+            .map(|_| ())
+            .map_err(errno),
+        );
+        match File::open_direct(dev).map_err(errno) {
+            Err(e) => note("read", Err(e)),
+            Ok(file) => {
+                let bounce = got[0] & 1 == 0;
+                match file.read_into_with(&reg, 0, 0, LEN, IoOptions::new().force_bounce(bounce)) {
+                    Ok(t) if t.bytes == LEN => {
+                        alloc.read(0, &mut got)?;
+                        if got != reference {
+                            mismatches += 1;
+                        }
+                        note("read", Ok(()));
+                    }
+                    Ok(_) => partial += 1,
+                    Err(e) => note("read", Err(errno(e))),
+                }
+                let mut b = Batch::new();
+                for k in 0..4 {
+                    b.read(&file, &reg, k * 65536, k * 65536, 65536, k);
+                }
+                match driver.submit(&b, 0) {
+                    Err(e) => note("submit", Err(errno(e))),
+                    Ok(n) => {
+                        note("submit", Ok(()));
+                        let mut reaped = 0;
+                        while reaped < n {
+                            match driver.reap(4, true) {
+                                Ok(cs) => {
+                                    for c in cs {
+                                        reaped += 1;
+                                        match c.result {
+                                            Ok(t) if t.bytes == 65536 => note("batch_read", Ok(())),
+                                            Ok(_) => partial += 1,
+                                            Err(e) => note("batch_read", Err(e)),
+                                        }
+                                    }
+                                }
+                                Err(e) => {
+                                    note("reap", Err(errno(e)));
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        drop(reg);
+        drop(alloc);
+        drop(driver);
+    }
+    let t: Vec<String> = tally
+        .iter()
+        .map(|((s, o), n)| format!("{s}:{o}:{n}"))
+        .collect();
+    println!("rounds={count} partial={partial} mismatches={mismatches}");
+    println!("outcomes={}", t.join(","));
+    check("no partial success", partial == 0, || format!("{partial}"));
+    check("no wrong byte", mismatches == 0, || format!("{mismatches}"));
+    Ok(())
+}
+
+fn revclose(count: u64, dev: &str) -> gdirect::Result<()> {
+    const LEN: u64 = 256 << 10;
+    let gpu = Egpu::open()?;
+    let file = File::open_direct(dev)?;
+    let mut submitted_total = 0;
+    for _ in 0..count {
+        let driver = Driver::open()?;
+        let alloc = gpu.alloc(32 * LEN)?;
+        let va = alloc.va();
+        // By range: the registration must not borrow the allocation freed below.
+        let reg = driver.register_range(
+            gdirect::Provider::Nvidia,
+            va,
+            32 * LEN,
+            gdirect::RegisterOptions::new(),
+        )?;
+        let mut b = Batch::new();
+        for i in 0..32 {
+            b.read(&file, &reg, i * LEN, i * LEN, LEN, i);
+        }
+        submitted_total += driver.submit(&b, 0)?;
+        // The registration and the file go while the reads are in flight, racing the free.
+        std::mem::forget(reg);
+        std::thread::scope(|s| {
+            s.spawn(|| gpu.free_va(va));
+            s.spawn(move || drop(driver));
+        });
+        std::mem::forget(alloc);
+    }
+    println!("rounds={count} submitted={submitted_total}");
+    Ok(())
+}
+
+/// The module's code: from its text base (`/proc/modules`) to the page after its last code
+/// symbol (`/proc/kallsyms`). Its size in `/proc/modules` counts data too, which lies elsewhere:
+/// base + size may run into another module's code. Code is allocated in whole pages, so no
+/// other module's code shares the last page.
+fn module_text_range(name: &str) -> Option<(u64, u64)> {
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    let modules = std::fs::read_to_string("/proc/modules").ok()?;
+    let base = modules
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&name))
+        .and_then(|f| f.get(5).and_then(|a| hex(a)))
+        .filter(|&b| b != 0)?;
+    let tag = format!("[{name}]");
+    let syms = std::fs::read_to_string("/proc/kallsyms").ok()?;
+    let last = syms
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() >= 4 && f[3] == tag && matches!(f[1], "t" | "T"))
+        .filter_map(|f| hex(f[0]))
+        .filter(|&a| a >= base)
+        .max()?;
+    Some((base, (last | 0xfff) + 1))
 }

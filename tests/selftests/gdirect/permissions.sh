@@ -1,0 +1,78 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# The permission model, rule by rule, as an unprivileged user (uid 1000):
+#  - /dev/gdirect is 0660: a user outside its group is refused; the admin
+#    gives access by group (here `gdirect`, gid 990).
+#  - Data is reached only through files the caller opened itself: a user who
+#    may use /dev/gdirect still cannot read a block device it may not open.
+#  - A read-only file can be read through, never written through (EBADF).
+#  - Handles belong to one open file (EPERM elsewhere); GPU and host memory
+#    are found in the caller's own address space only.
+#  - An open file passed over a Unix socket carries exactly its capability:
+#    the receiver uses its registrations and the passed read-only file, cannot
+#    write through that file, and cannot use the handles on its own open file.
+
+. "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+
+cleanup() {
+	[ -n "${ns_mode:-}" ] && chmod "$ns_mode" "$ns"
+	_unload_all
+}
+trap cleanup EXIT
+
+_require_root
+_require_cmd gdirect gdirect-perm jq
+_load_all || ktap_exit_fail_msg "cannot load the modules"
+ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
+grep -q '^gduser:' /etc/passwd || echo 'gduser:x:1000:1000:gduser:/:/bin/sh' >>/etc/passwd
+grep -q '^gdirect:' /etc/group || echo 'gdirect:x:990:gduser' >>/etc/group
+grep -q '^gduser:' /etc/group || echo 'gduser:x:1000:' >>/etc/group
+as_user() { su gduser -s /bin/sh -c "$*"; }
+kv() { echo "$1" | sed -n "s/^$2=\([^ ]*\).*/\1/p" | head -n 1; }
+
+ktap_print_header
+ktap_set_plan 14
+
+refused() { [ "$(as_user gdirect info --json 2>/dev/null | jq -r .error.kind)" = permission_denied ]; }
+_test "outside the device's group: refused (mode $(stat -c %a /dev/gdirect))" refused
+chgrp gdirect /dev/gdirect /dev/gdirect_egpu && chmod 0660 /dev/gdirect_egpu
+_test "in the group: gdirect info works" as_user gdirect info
+no_path() {
+	out=$(as_user gdirect read "$ns" --mem host --len 4K --json 2>/dev/null)
+	[ "$(echo "$out" | jq -r .error.kind)" = open_file ] && [ "$(echo "$out" | jq -r .error.errno)" = EACCES ]
+}
+_test "no access of its own: a device the user may not open stays unread (EACCES)" no_path
+
+ns_mode=$(stat -c %a "$ns")
+chmod o+r "$ns"
+out=$(as_user gdirect-perm write-ro "$ns")
+ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
+_test "a read-only file reads into registered memory" _expect_eq read_readonly OK "$(kv "$out" read_readonly)"
+_test "a read-only file is never written through (EBADF)" _expect_eq write_readonly EBADF "$(kv "$out" write_readonly)"
+chmod "$ns_mode" "$ns"
+ns_mode=
+
+out=$(as_user gdirect-perm foreign-handle)
+_test "a handle used on another open file: EPERM" _expect_eq foreign_handle EPERM "$(kv "$out" foreign_handle)"
+out=$(as_user gdirect-perm cross-gpu)
+ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
+_test "another process's GPU address is not memory here (ENXIO)" _expect_eq foreign_gpu_va ENXIO "$(kv "$out" foreign_gpu_va)"
+_test "while its owner registers it" _expect_eq owner_gpu_va OK "$(kv "$out" owner_gpu_va)"
+out=$(as_user gdirect-perm cross-host)
+ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
+not_theirs() {
+	r=$(kv "$out" foreign_host_addr)
+	[ "$r" = ENXIO ] || { [ "$r" = OK_OWN_MEMORY ] && [ "$(kv "$out" byte)" != "Some(90)" ]; }
+}
+_test "another process's host address pins nothing of theirs" not_theirs
+
+out=$(gdirect-perm pass-fd "$ns" 1000 990)
+ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
+_test "the receiver runs as uid 1000" _expect_eq uid 1000 "$(kv "$out" receiver_uid)"
+_test "it cannot open the device itself (EACCES)" _expect_eq open EACCES "$(kv "$out" receiver_open_dev)"
+_test "it reads through the passed file into the passed registration" _expect_eq read OK "$(kv "$out" receiver_read_passed)"
+_test "it cannot write through the passed read-only file (EBADF)" _expect_eq write EBADF "$(kv "$out" receiver_write_passed_ro)"
+_test "the handle means nothing on its own open file (EPERM)" _expect_eq own EPERM "$(kv "$out" receiver_handle_on_own_open)"
+
+ktap_finished
