@@ -280,6 +280,11 @@ impl NvidiaPages {
         let ret = unsafe {
             (self.nv.dma_map_pages)(topology::raw_pci(peer), self.table.as_ptr(), &mut dma)
         };
+        // The driver no longer knows a page table we still hold only while it frees the memory
+        // (its free callback is on its way): the registration is being revoked.
+        if ret == EINVAL.to_errno() {
+            return Err(error::revoked());
+        }
         nv_p2p::to_result(ret)?;
         // SAFETY: on success the GPU driver returns a valid mapping, kept until unmapped or revoked.
         let m = unsafe { dma.as_ref() }.ok_or(EINVAL)?;

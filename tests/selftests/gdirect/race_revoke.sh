@@ -41,6 +41,7 @@ rm -rf "$dir"
 nvme0=$(_nvme_bdf_by_serial "$GDIRECT_NVME0_SERIAL")
 out=$(gdirect-reg revoke-race 500 "$nvme0" 2>&1)
 rc=$?
+echo "$out" | grep -v '^rounds=\|^registrations=' | while read -r l; do ktap_print_msg "$l"; done
 ktap_print_msg "$(echo "$out" | tail -n 2 | tr '\n' ' ')"
 _test "500 frees racing queries and unregisters" _expect_eq "exit status" 0 "$rc"
 _test "nothing stays registered or pinned" \
