@@ -129,6 +129,14 @@ _nvmeof_disconnect() {
 	! _nvmeof_ctrl_by_nqn "$1" >/dev/null
 }
 
+# The EXIT trap of a fabric test: stops its background reader ($_BG_PID) if it
+# started one, tears the fabric down and unloads the modules.
+_nvmeof_cleanup() {
+	[ -n "${_BG_PID:-}" ] && kill -9 "$_BG_PID" 2>/dev/null
+	_nvmeof_down
+	_unload_all
+}
+
 # Everything down, in reverse: host controllers of our subsystems, ports,
 # subsystems, rxe, veth. Succeeds only when nothing is left.
 _nvmeof_down() {

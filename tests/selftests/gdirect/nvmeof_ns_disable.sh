@@ -9,12 +9,7 @@
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 . "$GDIRECT_LIB/nvmeof_common.sh"
 
-cleanup() {
-	[ -n "${_BG_PID:-}" ] && kill -9 "$_BG_PID" 2>/dev/null
-	_nvmeof_down
-	_unload_all
-}
-trap cleanup EXIT
+trap _nvmeof_cleanup EXIT
 
 _require_root
 _require_cmd nvme ip rdma gdirect jq
