@@ -97,7 +97,7 @@ pub(crate) struct Outcome {
     pub(crate) bounce_bytes: u64,
 }
 
-/// The smallest logical block there is.
+/// The smallest logical block there is. (Evaluated at build time: no panic path.)
 const SECTOR: NonZeroU64 = NonZeroU64::new(512).unwrap();
 
 /// The block device behind a file, as far as the data path cares.

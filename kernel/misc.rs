@@ -72,10 +72,10 @@ impl<T: MiscDevice> OwnedMiscDevice<T> {
                 raw.fops = Opaque::cast_into(unsafe { &raw const (*this.as_ptr()).fops });
                 // SAFETY: The initializer may write to `slot`.
                 unsafe { slot.write(raw) };
+                // INVARIANT: on success `misc` is registered.
                 // SAFETY: `slot` holds a valid `miscdevice` whose `fops` and `name` outlive the
                 // registration: both are pinned in (or static for) `Self`, and `Drop` deregisters
                 // before they go away.
-                // INVARIANT: on success `misc` is registered.
                 to_result(unsafe { bindings::misc_register(slot) })
             }),
             _t: PhantomData,

@@ -39,7 +39,8 @@ unsafe extern "C" {
 
 /// The CPU page size, the unit of the host and p2pdma providers.
 pub(crate) const PAGE_SIZE: u64 = bindings::PAGE_SIZE as u64;
-/// [`PAGE_SIZE`], as a divisor.
+/// [`PAGE_SIZE`], as a divisor. (A constant: the `unwrap` runs in the compiler, and a zero
+/// would fail the build; there is no panic path in the module.)
 pub(crate) const PAGE: NonZeroU64 = NonZeroU64::new(PAGE_SIZE).unwrap();
 
 /// A pinned user page.
