@@ -1,0 +1,99 @@
+#!/bin/busybox sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# Run by the VM's /init after every selftest: finds what the test left behind,
+# prints one line per finding ("leftover: ..."), and restores the clean state the
+# next test expects, so that one test's failure cannot fail the tests after it.
+#
+# Usage: leftovers.sh KEEP_PID...   (processes of the runner itself, never killed)
+# Exit status: 0 when nothing was left, 1 when something was (and was cleaned up).
+#
+# Checked, in order: processes (other than PID 1, KEEP_PIDs and this script's own);
+# gdirect registrations or pinned bytes once no process holds the device; the
+# modules (unloaded, which fails if anything still holds them); NVMe-oF host
+# controllers, nvmet subsystems and ports, soft-RoCE links and the veth pair;
+# mounts of test devices; loop devices; fault injection left switched on.
+
+GDIRECT_LIB=${GDIRECT_LIB:-/selftests/lib}
+. "$GDIRECT_LIB/gdirect_common.sh"
+. "$GDIRECT_LIB/nvmeof_common.sh"
+
+found=0
+left() {
+	echo "leftover: $*"
+	found=1
+}
+
+self=$$
+keep=" 1 $self $* "
+# The runner's own subshells are forks of PID 1, with its command line.
+init_cmd=$(tr '\0' ' ' </proc/1/cmdline)
+# User processes: everything with a command line that is not ours. Kernel threads have none.
+procs() {
+	for p in /proc/[0-9]*; do
+		pid=${p#/proc/}
+		case "$keep" in *" $pid "*) continue ;; esac
+		ppid=$(sed -n 's/^PPid:[[:space:]]*//p' "$p/status" 2>/dev/null)
+		[ "$ppid" = "$self" ] && continue
+		cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline")
+		[ -n "$cmd" ] && [ "$cmd" != "$init_cmd" ] && echo "$pid $cmd"
+	done
+}
+stray=$(procs)
+if [ -n "$stray" ]; then
+	left "processes still running: $(echo "$stray" | head -n 5 | tr '\n' ';')"
+	for pid in $(echo "$stray" | cut -d' ' -f1); do kill -9 "$pid" 2>/dev/null; done
+	i=0
+	while [ -n "$(procs)" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+	[ -n "$(procs)" ] && left "processes that survive SIGKILL: $(procs | head -n 5 | tr '\n' ';')"
+fi
+
+# With no process left, every registration is released: any that remains was lost.
+if [ -d /sys/module/gdirect ] && [ -c /dev/gdirect ]; then
+	counters=$(gdirect info --json 2>/dev/null | jq -r '"\(.counters.registrations) \(.counters.pinned_bytes)"')
+	[ "$counters" = "0 0" ] || left "gdirect registrations and pinned bytes with no process left: ${counters:-unreadable}"
+fi
+
+# Fault injection the test switched on stays on for the next one: switch it off.
+for f in /sys/kernel/debug/fail_make_request /sys/kernel/debug/failslab /sys/kernel/debug/fail_page_alloc; do
+	[ -f "$f/probability" ] || continue
+	[ "$(cat "$f/probability")" = 0 ] || { left "fault injection on: $(basename "$f")"; echo 0 >"$f/probability"; }
+done
+for f in /sys/block/*/make-it-fail; do
+	[ -f "$f" ] && [ "$(cat "$f")" != 0 ] && { left "make-it-fail set: $f"; echo 0 >"$f"; }
+done
+
+# Mounts of anything but the runner's own file systems.
+grep -E '^/dev/(nvme|loop)' /proc/mounts | while read -r dev mnt _; do
+	echo "leftover: $dev mounted on $mnt"
+	umount -l "$mnt"
+done | grep . && found=1
+
+# NVMe-oF: host controllers over a fabric, the target's configfs objects, rxe, veth.
+for c in /sys/class/nvme/nvme*; do
+	[ -f "$c/transport" ] || continue
+	t=$(cat "$c/transport")
+	[ "$t" = pcie ] && continue
+	left "NVMe-oF controller $(basename "$c") ($t) connected to $(cat "$c/subsysnqn")"
+	nvme disconnect -d "$(basename "$c")" >/dev/null 2>&1
+done
+if [ -n "$(ls "$GDIRECT_NVMET/ports" 2>/dev/null)$(ls "$GDIRECT_NVMET/subsystems" 2>/dev/null)" ] ||
+	[ -n "$(rdma link show 2>/dev/null)" ] || ip link show gdv0 >/dev/null 2>&1; then
+	left "NVMe-oF target, soft-RoCE or veth: ports '$(ls "$GDIRECT_NVMET/ports" 2>/dev/null | tr '\n' ' ')' subsystems '$(ls "$GDIRECT_NVMET/subsystems" 2>/dev/null | tr '\n' ' ')' rdma '$(rdma link show 2>/dev/null | cut -d' ' -f2 | tr '\n' ' ')'"
+	_nvmeof_down >/dev/null 2>&1 || left "the NVMe-oF teardown did not finish"
+fi
+
+# Loop devices over files of the test.
+if [ -n "$(losetup -a 2>/dev/null)" ]; then
+	left "loop devices: $(losetup -a | tr '\n' ';')"
+	for l in $(losetup -a | cut -d: -f1); do losetup -d "$l"; done
+fi
+
+# The modules: unloaded for the next test, which loads them itself. A module that
+# cannot be unloaded is held by something the test left.
+for m in gdirect gdirect_egpu; do
+	[ -d "/sys/module/$m" ] || continue
+	rmmod "$m" 2>/dev/null || left "module $m cannot be unloaded (refcount $(cat /sys/module/$m/refcnt 2>/dev/null))"
+done
+
+exit $found
