@@ -215,31 +215,50 @@ impl Batches {
     }
 
     /// Moves up to `max` completions to `write` (in completion order); with `wait`, first
-    /// waits for one. Returns how many were reaped.
+    /// waits for one. Returns how many were reaped. The completions are taken out of the queue
+    /// and written with no lock held, so completing transfers never wait for a user's page
+    /// fault and concurrent reapers get distinct completions; a fault puts them back at the
+    /// front for the next `REAP` (their transfers stay counted in flight until written).
     pub(crate) fn reap(
         &self,
         max: u32,
         wait: bool,
         mut write: impl FnMut(&Cqe) -> Result,
     ) -> Result<u32> {
+        let batch = {
+            let mut inner = self.inner.lock();
+            while wait && inner.done.is_empty() && inner.in_flight > 0 {
+                if self.completed.wait_interruptible(&mut inner) {
+                    return Err(ERESTARTSYS);
+                }
+            }
+            let n = inner.done.len().min(max as usize);
+            let mut batch = KVec::with_capacity(n, GFP_KERNEL)?;
+            batch.extend_from_slice(&inner.done[..n], GFP_KERNEL)?;
+            let rest = inner.done.len() - n;
+            for i in 0..rest {
+                inner.done[i] = inner.done[n + i];
+            }
+            inner.done.truncate(rest);
+            batch
+        };
+        let written = batch.iter().try_for_each(&mut write);
         let mut inner = self.inner.lock();
-        while wait && inner.done.is_empty() && inner.in_flight > 0 {
-            if self.completed.wait_interruptible(&mut inner) {
-                return Err(ERESTARTSYS);
+        match written {
+            Ok(()) => inner.in_flight -= batch.len() as u32,
+            Err(_) => {
+                // Room is there: `done` had them, and its capacity covers every transfer
+                // counted in flight, these included.
+                for cqe in batch.iter() {
+                    let _ = inner.done.push_within_capacity(*cqe);
+                }
+                inner.done.rotate_right(batch.len());
             }
         }
-        let n = inner.done.len().min(max as usize);
-        for cqe in &inner.done[..n] {
-            // A fault leaves the completions queued for the next REAP.
-            write(cqe)?;
-        }
-        let rest = inner.done.len() - n;
-        for i in 0..rest {
-            inner.done[i] = inner.done[n + i];
-        }
-        inner.done.truncate(rest);
-        inner.in_flight -= n as u32;
-        Ok(n as u32)
+        drop(inner);
+        // Reapers waiting for completions that were in this one's hands look again.
+        self.completed.notify_all();
+        written.map(|()| batch.len() as u32)
     }
 
     /// Signals `fd` (an eventfd) on every completion from now on; `-1` stops.

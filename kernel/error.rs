@@ -44,3 +44,9 @@ pub(crate) fn provider_unavailable() -> Error {
 pub(crate) fn not_direct() -> Error {
     errno(bindings::EBADFD)
 }
+
+/// `EMEDIUMTYPE`: GPU memory that the GPU driver hands out without `struct page`s (BAR1 outside
+/// NVIDIA's P2PDMA mode): no storage driver can DMA to it through the block layer.
+pub(crate) fn no_struct_pages() -> Error {
+    errno(bindings::EMEDIUMTYPE)
+}

@@ -412,22 +412,18 @@ impl GdirectFile {
         }
         let reg = self.lookup(args.handle)?;
         let peer = peer_device(args.peer_domain, args.peer_bdf)?;
-        let first = args.first_page;
-        let (map_type, entries) = reg.with_peer_addrs(&peer, |map_type, addrs| {
-            let start = usize::try_from(first)
-                .unwrap_or(usize::MAX)
-                .min(addrs.len());
-            let n = (addrs.len() - start).min(args.max_entries as usize);
-            let out = UserSlice::new(
-                UserPtr::from_addr(args.addrs as usize),
-                n * core::mem::size_of::<u64>(),
-            );
-            let mut out = out.writer();
-            for a in &addrs[start..start + n] {
-                out.write(a)?;
-            }
-            Ok((map_type, n as u32))
-        })?;
+        // Copied out of the registration first: nothing that a revocation waits for is held
+        // while the user's buffer is written (it may fault, or be served by userfaultfd).
+        let (map_type, addrs) = reg.peer_addrs(&peer, args.first_page, args.max_entries)?;
+        let out = UserSlice::new(
+            UserPtr::from_addr(args.addrs as usize),
+            addrs.len() * core::mem::size_of::<u64>(),
+        );
+        let mut out = out.writer();
+        for a in addrs.iter() {
+            out.write(a)?;
+        }
+        let entries = addrs.len() as u32;
         args.map_type = map_type;
         args.entries = entries;
         args.page_size = reg.page_size.get();

@@ -81,7 +81,8 @@ pub(crate) const VERSION: (u32, u32, u32) = (0, 1, 0);
 const DEVICE_MODE: u16 = 0o660;
 
 /// Teardown runs in field order: no new file can be opened, then the batched transfers are
-/// drained, then the counters and the bounce pool go.
+/// drained, then the counters and the bounce pool go, and last the module waits until no GPU
+/// driver's free callback is still inside its code.
 #[pin_data]
 struct GdirectModule {
     #[pin]
@@ -90,6 +91,16 @@ struct GdirectModule {
     #[pin]
     _debugfs: stats::Debugfs,
     _bounce: BouncePool,
+    _callbacks: CallbackFence,
+}
+
+/// Waits, at the module's exit, for free callbacks still running the module's code.
+struct CallbackFence;
+
+impl Drop for CallbackFence {
+    fn drop(&mut self) {
+        provider::nvidia::CallbacksRunning::wait_none();
+    }
 }
 
 /// Owns the bounce pool for the module's lifetime.
@@ -103,6 +114,8 @@ impl Drop for BouncePool {
 
 impl kernel::InPlaceModule for GdirectModule {
     fn init(module: &'static ThisModule) -> impl PinInit<Self, Error> {
+        // SAFETY: called once, before the device exists, so before anything can use it.
+        unsafe { provider::nvidia::GET_PUT.init() };
         try_pin_init!(Self {
             _bounce: {
                 bounce::init(*module_parameters::bounce_buffers.value())?;
@@ -111,6 +124,7 @@ impl kernel::InPlaceModule for GdirectModule {
             _io_queue: batch::IoQueue::new(512)?,
             _debugfs <- stats::Debugfs::new(),
             _device <- OwnedMiscDevice::register(c"gdirect", DEVICE_MODE, module),
+            _callbacks: CallbackFence,
         })
         .pin_chain(|_| {
             let (major, minor, patch) = VERSION;

@@ -13,11 +13,19 @@
 //! Revocation: a provider may take its memory back (nvidia's free callback on `cudaFree`). The
 //! state that the provider's callback and the registration share is a [`RegShared`]: the
 //! callback marks it revoked and waits until no operation uses the pages, and from then on every
-//! use fails with `ENOLINK`. Operations take a [`UseGuard`] for as long as they touch the pages
-//! or their addresses.
+//! use fails with `EKEYREVOKED` ([`error::revoked`]). Operations take a [`UseGuard`] for as long
+//! as they touch the pages or their addresses.
 //!
-//! Lock order: `RegShared::inner` is a leaf: nothing is called under it but allocation. Provider
-//! functions (nv-p2p) are called without it, under a `UseGuard` at most.
+//! Who owns the callback's reference is decided by [`Callback`], a state machine under
+//! `RegShared::inner` (see `provider/nvidia.rs`), never by what the GPU driver returns.
+//!
+//! Lock order: the GPU driver runs the free callback under its own lock (RM's API lock), and the
+//! callback takes `RegShared::inner` and waits for the uses to end. So `RegShared::inner` is a
+//! leaf (nothing is called under it but allocation), and nothing that may wait for the GPU
+//! driver's lock runs under a use or under `inner`: no nv-p2p call and no copy to or from user
+//! memory (which may fault into anything). nv-p2p functions are called only at `REGISTER`
+//! (get_pages) and when the registration ends (put_pages), with nothing held; peer addresses of
+//! GPU memory are made by gdirect itself, as for any P2PDMA memory.
 
 use core::{ffi::c_void, num::NonZeroU64};
 use kernel::{
@@ -74,6 +82,7 @@ impl FileCounters {
 }
 
 /// How the addresses of a peer mapping were made, and so how to undo them.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PeerKind {
     /// PCI bus addresses: nothing to undo.
     Bus,
@@ -81,27 +90,64 @@ pub(crate) enum PeerKind {
     Resource,
     /// `dma_map_page_attrs` of each page.
     HostPages,
-    /// `nvidia_p2p_dma_map_pages`: the GPU driver's mapping.
-    Nvidia(*mut crate::nv_p2p::DmaMapping),
 }
 
-/// The addresses one peer device uses for the pages of a registration.
+/// The addresses one peer device uses for the pages of a registration; undone when dropped,
+/// which needs no lock and no provider call (so the free callback may drop it).
 pub(crate) struct PeerMapping {
     pub(crate) peer: ARef<pci::Device>,
     pub(crate) map_type: u32,
     pub(crate) addrs: KVVec<u64>,
     pub(crate) kind: PeerKind,
+    /// The size of each mapped page.
+    pub(crate) size: usize,
 }
 
-// SAFETY: the raw mapping pointer is only passed back to the GPU driver that made it.
-unsafe impl Send for PeerMapping {}
+impl Drop for PeerMapping {
+    fn drop(&mut self) {
+        let dev = peer_device(&self.peer);
+        let dir = bindings::dma_data_direction_DMA_BIDIRECTIONAL;
+        for a in self.addrs.iter() {
+            match self.kind {
+                PeerKind::Bus => {}
+                // SAFETY: `a` was mapped by `dma_map_resource` for `dev` with this size.
+                PeerKind::Resource => unsafe {
+                    bindings::dma_unmap_resource(dev, *a, self.size, dir, 0)
+                },
+                // SAFETY: `a` was mapped by `dma_map_page_attrs` for `dev` with this size.
+                PeerKind::HostPages => unsafe {
+                    bindings::dma_unmap_page_attrs(dev, *a, self.size, dir, 0)
+                },
+            }
+        }
+    }
+}
 
 /// What the nvidia free callback must hand back to the GPU driver (nv-p2p rules).
 #[derive(Clone, Copy)]
 pub(crate) struct NvidiaRevoke {
     pub(crate) free_page_table: crate::nv_p2p::FreePageTableFn,
-    pub(crate) free_dma_mapping: crate::nv_p2p::FreeDmaMappingFn,
     pub(crate) table: *mut crate::nv_p2p::PageTable,
+}
+
+/// Where a provider's free callback stands; decides who drops the reference it was given.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Callback {
+    /// No callback can run: none was given, or it was put back.
+    None,
+    /// Given to the provider, which may call it at any time.
+    Armed,
+    /// The registration is putting the pages back; the callback may still start meanwhile.
+    Putting,
+    /// Running: it owns the pages until `Done`.
+    Running,
+    /// Finished: it touches nothing of the registration any more.
+    Done,
+    /// The registration ended where put_pages cannot reach the pages (another process, a
+    /// kernel worker: nvidia.ko finds them by the calling process), or put_pages failed: the
+    /// driver keeps them until the memory is freed, and the callback then owns its reference
+    /// and a reference on the module, and drops both.
+    Orphaned,
 }
 
 /// The state that a registration shares with its provider's revocation callback.
@@ -109,8 +155,7 @@ struct SharedInner {
     revoked: bool,
     /// Operations using the pages now.
     users: u32,
-    /// The provider's callback has finished with this registration.
-    callback_done: bool,
+    callback: Callback,
     peers: KVec<PeerMapping>,
     /// Set once nvidia pages are pinned.
     nvidia: Option<NvidiaRevoke>,
@@ -148,7 +193,7 @@ impl RegShared {
                 inner <- new_mutex!(SharedInner {
                     revoked: false,
                     users: 0,
-                    callback_done: false,
+                    callback: Callback::None,
                     peers: KVec::new(),
                     nvidia: None,
                 }, "RegShared::inner"),
@@ -158,7 +203,7 @@ impl RegShared {
         )
     }
 
-    /// Starts a use of the pages: `ENOLINK` once revoked.
+    /// Starts a use of the pages: `EKEYREVOKED` once revoked.
     pub(crate) fn begin_use(&self) -> Result<UseGuard<'_>> {
         let mut inner = self.inner.lock();
         if inner.revoked {
@@ -166,10 +211,6 @@ impl RegShared {
         }
         inner.users += 1;
         Ok(UseGuard(self))
-    }
-
-    pub(crate) fn is_revoked(&self) -> bool {
-        self.inner.lock().revoked
     }
 
     /// Records what the nvidia free callback hands back.
@@ -188,19 +229,25 @@ impl RegShared {
         (core::mem::take(&mut inner.peers), inner.nvidia)
     }
 
-    /// The provider's callback is done with this registration.
-    pub(crate) fn finish_callback(&self) {
+    /// Moves the callback's state from one of `from` to `to`; returns the state it found.
+    pub(crate) fn callback_transition(&self, from: &[Callback], to: Callback) -> Callback {
         let mut inner = self.inner.lock();
-        inner.callback_done = true;
-        self.changed.notify_all();
+        let found = inner.callback;
+        if from.contains(&found) {
+            inner.callback = to;
+            self.changed.notify_all();
+        }
+        found
     }
 
-    /// Waits until the provider's callback is done with this registration.
-    pub(crate) fn wait_callback(&self) {
+    /// Waits until a callback that started has finished; returns the final state (`Done`, or
+    /// the state it found when no callback was running).
+    pub(crate) fn wait_callback(&self) -> Callback {
         let mut inner = self.inner.lock();
-        while !inner.callback_done {
+        while inner.callback == Callback::Running {
             self.changed.wait(&mut inner);
         }
+        inner.callback
     }
 }
 
@@ -305,14 +352,25 @@ pub(crate) struct Registration {
 }
 
 impl Registration {
-    /// The addresses `peer` uses for this registration, made once per peer: calls `f` with the
-    /// map type and the addresses (empty when the peer cannot reach the memory).
-    pub(crate) fn with_peer_addrs<R>(
+    /// The map type and addresses `first..first + max` of the pages for `peer` (fewer at the
+    /// end), copied out so that the caller holds nothing while it hands them to user memory.
+    /// The mapping is made once per peer and kept until the registration ends or is revoked.
+    pub(crate) fn peer_addrs(
         &self,
         peer: &ARef<pci::Device>,
-        f: impl FnOnce(u32, &[u64]) -> Result<R>,
-    ) -> Result<R> {
+        first: u64,
+        max: u32,
+    ) -> Result<(u32, KVVec<u64>)> {
         let _use = self.shared.begin_use()?;
+        let copy = |p: &PeerMapping| -> Result<(u32, KVVec<u64>)> {
+            let start = usize::try_from(first)
+                .unwrap_or(usize::MAX)
+                .min(p.addrs.len());
+            let n = (p.addrs.len() - start).min(max as usize);
+            let mut out = KVVec::with_capacity(n, GFP_KERNEL)?;
+            out.extend_from_slice(&p.addrs[start..start + n], GFP_KERNEL)?;
+            Ok((p.map_type, out))
+        };
         let find = |inner: &SharedInner| {
             inner
                 .peers
@@ -322,164 +380,100 @@ impl Registration {
         {
             let inner = self.shared.inner.lock();
             if let Some(i) = find(&inner) {
-                let p = &inner.peers[i];
-                return f(p.map_type, &p.addrs);
+                return copy(&inner.peers[i]);
             }
         }
-        // Made without the lock: it may call into the GPU driver.
+        // Made without the lock (it may sleep), under the use.
         let mapping = self.map_for(peer)?;
         let mut inner = self.shared.inner.lock();
         if let Some(i) = find(&inner) {
-            // Another QUERY made it meanwhile: keep theirs.
+            // Another QUERY made it meanwhile: keep theirs (ours is undone when dropped).
+            let r = copy(&inner.peers[i]);
             drop(inner);
-            self.unmap(mapping);
-            let inner = self.shared.inner.lock();
-            let p = &inner.peers[i];
-            return f(p.map_type, &p.addrs);
+            drop(mapping);
+            return r;
         }
+        let r = copy(&mapping)?;
         if inner.peers.reserve(1, GFP_KERNEL).is_err() {
             drop(inner);
-            self.unmap(mapping);
+            drop(mapping);
             return Err(ENOMEM);
         }
+        // Cannot fail: room was reserved just above.
         inner
             .peers
             .push_within_capacity(mapping)
             .map_err(|_| ENOMEM)?;
-        let p = &inner.peers[inner.peers.len() - 1];
-        f(p.map_type, &p.addrs)
+        Ok(r)
     }
 
-    /// Makes the addresses for `peer`. The caller holds a use of the pages.
+    /// Makes the addresses for `peer`. The caller holds a use of the pages. GPU memory is mapped
+    /// as any P2P memory is (bus addresses under a common switch, `dma_map_resource` through an
+    /// allowed host bridge), never with `nvidia_p2p_dma_map_pages`: that takes the GPU driver's
+    /// API lock, under which a free runs the callback that waits for this use (see the module
+    /// docs). What it would return is the same addresses (`rm_p2p_dma_map_pages` ->
+    /// `nv_dma_map_peer`).
     fn map_for(&self, peer: &ARef<pci::Device>) -> Result<PeerMapping> {
         let n = self.page_count as usize;
-        let mut addrs = KVVec::with_capacity(n, GFP_KERNEL)?;
-        let Some(owner) = &self.owner else {
-            // Host memory: DMA-map each page for the peer.
-            let dev = peer_device(peer);
-            let mut mapping = PeerMapping {
-                peer: peer.clone(),
-                map_type: uapi::MAP_HOST_MEMORY,
-                addrs: KVVec::new(),
-                kind: PeerKind::HostPages,
-            };
-            for i in 0..n {
-                let page = self.pinned.page(i).ok_or(EINVAL)?;
-                // SAFETY: `page` is pinned for the life of the registration; `dev` is valid.
-                let addr = unsafe {
-                    bindings::dma_map_page_attrs(
-                        dev,
-                        page,
-                        0,
-                        self.page_size.get() as usize,
-                        bindings::dma_data_direction_DMA_BIDIRECTIONAL,
-                        0,
-                    )
-                };
-                // SAFETY: as above.
-                if unsafe { gdirect_dma_mapping_error(dev.cast(), addr) } != 0 {
-                    mapping.addrs = addrs;
-                    self.unmap(mapping);
-                    return Err(ENOMEM);
-                }
-                addrs.push(addr, GFP_KERNEL)?;
-            }
-            mapping.addrs = addrs;
-            return Ok(mapping);
-        };
-        let map_type = topology::map_type(&owner.dev, peer);
+        let size = self.page_size.get() as usize;
+        let map_type = self
+            .owner
+            .as_ref()
+            .map(|owner| topology::map_type(&owner.dev, peer));
         let mut mapping = PeerMapping {
             peer: peer.clone(),
-            map_type: uapi_map_type(map_type),
-            addrs: KVVec::new(),
-            kind: PeerKind::Bus,
+            map_type: map_type.map_or(uapi::MAP_HOST_MEMORY, uapi_map_type),
+            // Room for every address first: each one mapped is then in `mapping`, whose drop
+            // undoes them if a later one fails.
+            addrs: KVVec::with_capacity(n, GFP_KERNEL)?,
+            kind: match map_type {
+                None => PeerKind::HostPages,
+                Some(MapType::ThruHostBridge) => PeerKind::Resource,
+                Some(_) => PeerKind::Bus,
+            },
+            size,
         };
-        if map_type == MapType::NotSupported {
-            return Ok(mapping);
-        }
-        if let Pinned::Nvidia(nv) = &self.pinned {
-            // The GPU driver maps its own memory for peers.
-            let (dma, dma_addrs) = nv.dma_map(peer)?;
-            mapping.kind = PeerKind::Nvidia(dma);
-            for a in dma_addrs {
-                addrs.push(*a, GFP_KERNEL)?;
-            }
-            mapping.addrs = addrs;
+        if map_type == Some(MapType::NotSupported) {
             return Ok(mapping);
         }
         let dev = peer_device(peer);
-        let bus_offset = owner.bus_offset();
-        if map_type == MapType::ThruHostBridge {
-            mapping.kind = PeerKind::Resource;
-        }
-        for i in 0..n {
-            let phys = self.pinned.phys(i);
-            let addr = if map_type == MapType::BusAddr {
-                phys.wrapping_add(bus_offset)
-            } else {
-                // SAFETY: `phys` is a pinned page of the owner's BAR; `dev` is valid.
-                let addr = unsafe {
-                    bindings::dma_map_resource(
-                        dev,
-                        phys,
-                        self.page_size.get() as usize,
-                        bindings::dma_data_direction_DMA_BIDIRECTIONAL,
-                        0,
-                    )
-                };
-                // SAFETY: as above.
-                if unsafe { gdirect_dma_mapping_error(dev.cast(), addr) } != 0 {
-                    mapping.addrs = addrs;
-                    self.unmap(mapping);
-                    return Err(ENOMEM);
-                }
-                addr
-            };
-            addrs.push(addr, GFP_KERNEL)?;
-        }
-        mapping.addrs = addrs;
-        Ok(mapping)
-    }
-
-    /// Undoes a peer mapping. The caller holds a use of the pages.
-    fn unmap(&self, mapping: PeerMapping) {
-        let dev = peer_device(&mapping.peer);
-        let size = self.page_size.get() as usize;
+        let bus_offset = self.owner.as_ref().map_or(0, Owner::bus_offset);
         let dir = bindings::dma_data_direction_DMA_BIDIRECTIONAL;
-        match mapping.kind {
-            PeerKind::Bus => {}
-            PeerKind::Resource => {
-                for a in mapping.addrs.iter() {
-                    // SAFETY: `a` was mapped by `dma_map_resource` for `dev` with this size.
-                    unsafe { bindings::dma_unmap_resource(dev, *a, size, dir, 0) };
+        for i in 0..n {
+            let addr = match mapping.kind {
+                PeerKind::Bus => self.pinned.phys(i).wrapping_add(bus_offset),
+                PeerKind::Resource => {
+                    // SAFETY: the page is a pinned page of the owner's BAR; `dev` is valid.
+                    unsafe { bindings::dma_map_resource(dev, self.pinned.phys(i), size, dir, 0) }
                 }
-            }
-            PeerKind::HostPages => {
-                for a in mapping.addrs.iter() {
-                    // SAFETY: `a` was mapped by `dma_map_page_attrs` for `dev` with this size.
-                    unsafe { bindings::dma_unmap_page_attrs(dev, *a, size, dir, 0) };
+                PeerKind::HostPages => {
+                    let page = self.pinned.page(i).ok_or(EINVAL)?;
+                    // SAFETY: `page` is pinned for the life of the registration; `dev` is valid.
+                    unsafe { bindings::dma_map_page_attrs(dev, page, 0, size, dir, 0) }
                 }
+            };
+            // SAFETY: `dev` is valid; `addr` came from the DMA API for it (or is a bus address,
+            // which this does not look at).
+            if mapping.kind != PeerKind::Bus
+                && unsafe { gdirect_dma_mapping_error(dev.cast(), addr) } != 0
+            {
+                return Err(ENOMEM);
             }
-            PeerKind::Nvidia(dma) => {
-                if let Pinned::Nvidia(nv) = &self.pinned {
-                    nv.dma_unmap(&mapping.peer, dma);
-                }
-            }
+            // Cannot fail: room for `n` was reserved.
+            mapping
+                .addrs
+                .push_within_capacity(addr)
+                .map_err(|_| ENOMEM)?;
         }
+        Ok(mapping)
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        // Undo the peer mappings while the pages are certainly there; once revoked, the
-        // provider's callback disposed of them.
-        if let Ok(guard) = self.shared.begin_use() {
-            let peers = core::mem::take(&mut self.shared.inner.lock().peers);
-            for p in peers {
-                self.unmap(p);
-            }
-            drop(guard);
-        }
+        // Undo the peer mappings; once revoked, the provider's callback undid them.
+        let peers = core::mem::take(&mut self.shared.inner.lock().peers);
+        drop(peers);
         stats::REGISTRATIONS.fetch_sub(1, Relaxed);
         stats::PINNED_BYTES.fetch_sub(self.len, Relaxed);
         stats::BY_PROVIDER[self.provider as usize].fetch_sub(1, Relaxed);

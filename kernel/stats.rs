@@ -32,6 +32,9 @@ pub(crate) static REGISTRATIONS: Atomic<u64> = Atomic::new(0);
 pub(crate) static PINNED_BYTES: Atomic<u64> = Atomic::new(0);
 /// Registrations revoked by their provider since load.
 pub(crate) static REVOCATIONS: Atomic<u64> = Atomic::new(0);
+/// nvidia registrations that ended where put_pages could not reach their pages (another
+/// process, a kernel worker), left to the GPU driver until the memory is freed, since load.
+pub(crate) static ORPHANED: Atomic<u64> = Atomic::new(0);
 /// Transfers running now, synchronous and batched.
 pub(crate) static ACTIVE_TRANSFERS: Atomic<u64> = Atomic::new(0);
 
@@ -169,6 +172,7 @@ fn write_counters(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
     writeln!(f, "registrations {}", REGISTRATIONS.load(Relaxed))?;
     writeln!(f, "pinned_bytes {}", PINNED_BYTES.load(Relaxed))?;
     writeln!(f, "revocations {}", REVOCATIONS.load(Relaxed))?;
+    writeln!(f, "orphaned {}", ORPHANED.load(Relaxed))?;
     writeln!(f, "active_transfers {}", ACTIVE_TRANSFERS.load(Relaxed))?;
     for (name, count) in PROVIDER_NAMES.iter().zip(BY_PROVIDER.iter()) {
         writeln!(f, "registrations_{name} {}", count.load(Relaxed))?;

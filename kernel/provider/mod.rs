@@ -35,6 +35,24 @@ unsafe extern "C" {
     /// `page_to_phys()` (a macro in C; `shim.c`). `page` is a `struct page *`, as `void *`:
     /// bindgen's `struct page` holds a zero-sized array the `improper_ctypes` lint rejects.
     fn gdirect_page_to_phys(page: *mut core::ffi::c_void) -> u64;
+    fn gdirect_pfn_valid(pfn: usize) -> i32;
+    fn gdirect_pfn_to_page(pfn: usize) -> *mut core::ffi::c_void;
+    fn gdirect_is_pci_p2pdma_page(page: *const core::ffi::c_void) -> bool;
+}
+
+/// The `struct page` of physical address `phys` if it is a PCI P2PDMA page: device memory that
+/// the block layer and the DMA API can address by page. BAR memory without `struct page`, or
+/// with one of another kind, is `None` (whatever `pfn_valid` says of it).
+pub(crate) fn p2pdma_page(phys: u64) -> Option<*mut bindings::page> {
+    let pfn = (phys / PAGE_SIZE) as usize;
+    // SAFETY: `pfn_valid` takes any value.
+    if unsafe { gdirect_pfn_valid(pfn) } == 0 {
+        return None;
+    }
+    // SAFETY: `pfn` is valid (checked above), so it has a `struct page`.
+    let page = unsafe { gdirect_pfn_to_page(pfn) };
+    // SAFETY: a valid page.
+    unsafe { gdirect_is_pci_p2pdma_page(page) }.then_some(page.cast())
 }
 
 /// The CPU page size, the unit of the host and p2pdma providers.

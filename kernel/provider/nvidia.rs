@@ -8,23 +8,55 @@
 //! loads and works without any NVIDIA module, and holds a reference on the module that exports
 //! them only while a registration uses them. The rig's emulated GPU exports the same functions.
 //!
-//! Revocation follows the nv-p2p rules: `nvidia_p2p_get_pages` takes a free callback that the
-//! GPU driver runs when the memory is freed (`cudaFree`) while registered. The callback owns a
-//! reference on the registration's [`RegShared`] from `get_pages` until either `put_pages`
-//! succeeds (then no callback will run: we drop it) or the callback ends (it drops it). When
-//! `put_pages` fails because a free is under way, we wait for the callback to finish.
+//! Revocation follows the nv-p2p rules, and what the open driver does (`kernel-open/nvidia/
+//! nv-p2p.c` and the RM code it calls, 595.45.04): `nvidia_p2p_get_pages` takes a free callback,
+//! which the GPU driver runs when the memory is freed (`cudaFree`) while registered, holding its
+//! API lock, the lock that get_pages, put_pages and dma_map_pages also take. The page table stays
+//! valid until the callback returns, and is freed right after. `nvidia_p2p_put_pages` returns 0
+//! both when it put the pages (no callback will run) and when a free had already unlinked them
+//! (`NV_ERR_OBJECT_NOT_FOUND`, turned into success): its return value cannot say whether the
+//! callback ran, runs, or never will.
+//!
+//! So ownership is decided by the registration's [`Callback`] state, under its lock: the callback
+//! is given a reference on the [`RegShared`] (`Armed`); the callback moves it to `Running`, then
+//! `Done`, and never drops that reference; the registration's end moves `Armed` to `Putting`
+//! before put_pages. After put_pages returns, `Putting` means the callback did not start (and,
+//! put_pages having taken the API lock, will not), `Running` means wait for `Done`. Only then,
+//! with the callback certainly finished or never to run, the registration drops the callback's
+//! reference. The callback keeps its own reference while it runs, so the lock it releases last
+//! is not freed under it, and [`CallbacksRunning`] lets the module's exit wait until no callback
+//! is inside the module's code.
+//!
+//! nvidia.ko finds the pages to put by the calling process (`RmP2PGetInfoWithoutToken` looks
+//! only at `osGetCurrentProcess()`'s records), and returns 0 when it finds none: from another
+//! process or a kernel worker (the last reference of a registration may go in either),
+//! put_pages would silently leave the pages and their callback registered. So the registration
+//! puts only from the process that pinned; elsewhere it leaves the pages to the driver
+//! (`Orphaned`): the callback, run when the memory is freed, then drops the last references
+//! (and the module reference that keeps gdirect loaded until then). [`GET_PUT`] serializes
+//! get_pages and put_pages, so that a put never meets a new page table that the driver made at
+//! the address of one it freed after our callback.
+//!
+//! No nv-p2p function is called while holding a use or `RegShared::inner` (the callback waits
+//! for the uses under the API lock): peer addresses of GPU memory are made by gdirect
+//! (`region.rs`), not with `nvidia_p2p_dma_map_pages`.
 
 use core::{
     ffi::c_void,
     ptr::NonNull, //
 };
 use kernel::{
-    bindings, pci,
+    bindings,
     prelude::*,
     sync::{
-        aref::ARef,
-        atomic::Relaxed,
-        Arc, //
+        atomic::{
+            Acquire,
+            Atomic,
+            Relaxed,
+            Release, //
+        },
+        Arc,
+        ArcBorrow, //
     },
 };
 
@@ -35,39 +67,43 @@ use super::{
 use crate::{
     error, nv_p2p,
     region::{
+        Callback,
         NvidiaRevoke,
         Owner,
-        PeerKind,
         RegShared, //
     },
-    stats, topology,
+    stats,
 };
+
+kernel::sync::global_lock! {
+    // SAFETY: `GdirectModule::init` initializes it before the device can be opened.
+    pub(crate) unsafe(uninit) static GET_PUT: Mutex<()> = ();
+}
+
+/// The calling process.
+fn current_tgid() -> i32 {
+    kernel::current!().tgid_nr_ns(None)
+}
 
 /// nv-p2p requires 64 KiB aligned GPU virtual addresses and lengths.
 pub(crate) const ALIGNMENT: u64 = 64 << 10;
 
-/// The nv-p2p functions, each with a reference on the module exporting it.
+/// The nv-p2p functions gdirect calls, each with a reference on the module exporting it.
 pub(crate) struct NvP2p {
     get_pages: nv_p2p::GetPagesFn,
     get_pages_persistent: nv_p2p::GetPagesPersistentFn,
     put_pages: nv_p2p::PutPagesFn,
     put_pages_persistent: nv_p2p::PutPagesPersistentFn,
-    dma_map_pages: nv_p2p::DmaMapPagesFn,
-    dma_unmap_pages: nv_p2p::DmaUnmapPagesFn,
     free_page_table: nv_p2p::FreePageTableFn,
-    free_dma_mapping: nv_p2p::FreeDmaMappingFn,
 }
 
 /// The symbols, in the order of [`NvP2p`]'s fields.
-const SYMBOLS: [&CStr; 8] = [
+const SYMBOLS: [&CStr; 5] = [
     c"nvidia_p2p_get_pages",
     c"nvidia_p2p_get_pages_persistent",
     c"nvidia_p2p_put_pages",
     c"nvidia_p2p_put_pages_persistent",
-    c"nvidia_p2p_dma_map_pages",
-    c"nvidia_p2p_dma_unmap_pages",
     c"nvidia_p2p_free_page_table",
-    c"nvidia_p2p_free_dma_mapping",
 ];
 
 fn symbol_get(name: &CStr) -> Option<NonNull<c_void>> {
@@ -92,7 +128,7 @@ impl NvP2p {
         for (slot, name) in found.iter_mut().zip(SYMBOLS) {
             *slot = symbol_get(name);
         }
-        let [Some(a), Some(b), Some(c), Some(d), Some(e), Some(f), Some(g), Some(h)] = found else {
+        let [Some(a), Some(b), Some(c), Some(d), Some(e)] = found else {
             for (sym, name) in found.iter().zip(SYMBOLS) {
                 if sym.is_some() {
                     symbol_put(name);
@@ -114,17 +150,8 @@ impl NvP2p {
                     *mut c_void,
                     nv_p2p::PutPagesPersistentFn,
                 >(d.as_ptr()),
-                dma_map_pages: core::mem::transmute::<*mut c_void, nv_p2p::DmaMapPagesFn>(
-                    e.as_ptr(),
-                ),
-                dma_unmap_pages: core::mem::transmute::<*mut c_void, nv_p2p::DmaUnmapPagesFn>(
-                    f.as_ptr(),
-                ),
                 free_page_table: core::mem::transmute::<*mut c_void, nv_p2p::FreePageTableFn>(
-                    g.as_ptr(),
-                ),
-                free_dma_mapping: core::mem::transmute::<*mut c_void, nv_p2p::FreeDmaMappingFn>(
-                    h.as_ptr(),
+                    e.as_ptr(),
                 ),
             })
         }
@@ -146,8 +173,12 @@ pub(crate) struct NvidiaPages {
     table: NonNull<nv_p2p::PageTable>,
     persistent: bool,
     shared: Arc<RegShared>,
-    /// The callback's reference on `shared` (from `Arc::into_raw`), while it may still run.
+    /// The callback's reference on `shared` (from `Arc::into_raw`), dropped by `drop` once the
+    /// callback has finished or can no longer run, or by the callback itself when orphaned
+    /// (see the module docs).
     callback_ref: Option<NonNull<RegShared>>,
+    /// The process that pinned the pages: the only one whose put_pages finds them.
+    tgid: i32,
 }
 
 // SAFETY: the page table belongs to the GPU driver and is only read; the callback reference is
@@ -156,31 +187,71 @@ unsafe impl Send for NvidiaPages {}
 // SAFETY: as above.
 unsafe impl Sync for NvidiaPages {}
 
-/// The free callback: the GPU driver takes the memory back.
+/// Free callbacks inside the module's code now; the module's exit waits for none.
+pub(crate) struct CallbacksRunning;
+
+static CALLBACKS_RUNNING: Atomic<u32> = Atomic::new(0);
+
+impl CallbacksRunning {
+    /// Waits until no free callback runs the module's code. By then every registration has
+    /// ended, so none can start.
+    pub(crate) fn wait_none() {
+        while CALLBACKS_RUNNING.load(Acquire) != 0 {
+            // SAFETY: no preconditions; the module's exit may sleep.
+            unsafe { bindings::msleep(1) };
+        }
+    }
+}
+
+/// The free callback: the GPU driver takes the memory back (`cudaFree`), holding its API lock.
 ///
 /// # Safety
 ///
-/// `data` is the `Arc<RegShared>` given to `nvidia_p2p_get_pages` in raw form; the GPU driver
-/// calls this at most once, and only if `put_pages` did not succeed first.
+/// `data` is the callback's reference given to `nvidia_p2p_get_pages` in raw form, which the
+/// registration keeps until this callback is `Done` or can no longer run.
 unsafe extern "C" fn free_callback(data: *mut c_void) {
-    // SAFETY: see above: this takes back the reference leaked for the callback.
-    let shared = unsafe { Arc::from_raw(data.cast::<RegShared>()) };
+    CALLBACKS_RUNNING.fetch_add(1, Relaxed);
+    // SAFETY: see above: the reference is valid for the whole call. The callback takes its own
+    // reference, so that what it unlocks last stays valid even once its waiter has gone.
+    let shared: Arc<RegShared> = unsafe { ArcBorrow::from_raw(data.cast::<RegShared>()) }.into();
+    // It waits for the uses of the pages to end.
+    kernel::task::might_sleep();
+    let found = shared.callback_transition(
+        &[Callback::Armed, Callback::Putting, Callback::Orphaned],
+        Callback::Running,
+    );
+    if !matches!(
+        found,
+        Callback::Armed | Callback::Putting | Callback::Orphaned
+    ) {
+        // A second call for the same pages: nothing is left to take back.
+        drop(shared);
+        CALLBACKS_RUNNING.fetch_sub(1, Release);
+        return;
+    }
     // No use of the pages can start from here on, and the current ones have ended.
     let (peers, nvidia) = shared.revoke();
-    // The nv-p2p rules: from the callback, hand the DMA mappings and the page table back with the
-    // free functions (never put or unmap them); the GPU driver releases them.
+    // Undo the DMA mappings of the BAR pages for peers, before the driver reuses them.
+    drop(peers);
+    // The nv-p2p rules: from the callback, hand the page table back with the free function
+    // (never put it); the driver frees it once this returns.
     if let Some(nv) = nvidia {
-        for p in peers {
-            if let PeerKind::Nvidia(dma) = p.kind {
-                // SAFETY: `dma` is a mapping of this page table that the driver made.
-                unsafe { (nv.free_dma_mapping)(dma) };
-            }
-        }
-        // SAFETY: `table` is the page table this callback is about.
+        // SAFETY: `table` is the page table this callback is about, valid until it returns.
         unsafe { (nv.free_page_table)(nv.table) };
     }
     stats::REVOCATIONS.fetch_add(1, Relaxed);
-    shared.finish_callback();
+    shared.callback_transition(&[Callback::Running], Callback::Done);
+    drop(shared);
+    if found == Callback::Orphaned {
+        // The registration is gone: its reference and the module reference it took are ours.
+        // SAFETY: an orphaned registration left its callback's reference to this callback.
+        drop(unsafe { Arc::from_raw(data.cast::<RegShared>()) });
+        // SAFETY: the reference taken when the registration was orphaned; `CALLBACKS_RUNNING`
+        // still keeps the module's exit waiting.
+        unsafe { bindings::module_put(crate::THIS_MODULE.as_ptr()) };
+    }
+    // The last access to the module's data: from here only the return remains.
+    CALLBACKS_RUNNING.fetch_sub(1, Release);
 }
 
 /// Maps an nv-p2p error to gdirect's meaning.
@@ -203,25 +274,31 @@ pub(crate) fn pin(
     let nv = NvP2p::get()?;
     let mut table: *mut nv_p2p::PageTable = core::ptr::null_mut();
     let mut callback_ref = None;
+    let get_put = GET_PUT.lock();
     let ret = if persistent {
         // SAFETY: `table` is a valid location for the result.
         unsafe { (nv.get_pages_persistent)(va, len, &mut table, 0) }
     } else {
         let data = Arc::into_raw(shared.clone()).cast_mut();
         callback_ref = NonNull::new(data);
-        // SAFETY: as above; `data` stays valid until the callback or a successful `put_pages`.
+        // Armed before the driver has it: the callback may run before `get_pages` returns.
+        shared.callback_transition(&[Callback::None], Callback::Armed);
+        // SAFETY: as above; `data` stays valid until `NvidiaPages::drop` (see the module docs).
         unsafe { (nv.get_pages)(0, 0, va, len, &mut table, Some(free_callback), data.cast()) }
     };
+    drop(get_put);
     let Some(table) = NonNull::new(table).filter(|_| ret == 0) else {
         if let Some(data) = callback_ref {
-            // SAFETY: `get_pages` failed, so the callback will never run: take the reference back.
+            // A failed `get_pages` registers no callback (`nv_p2p_get_pages` registers it last,
+            // and only on success).
+            shared.callback_transition(&[Callback::Armed], Callback::None);
+            // SAFETY: the callback will never run: take its reference back.
             drop(unsafe { Arc::from_raw(data.as_ptr()) });
         }
         return Err(get_pages_error(ret));
     };
     shared.set_nvidia(NvidiaRevoke {
         free_page_table: nv.free_page_table,
-        free_dma_mapping: nv.free_dma_mapping,
         table: table.as_ptr(),
     });
     let pages = NvidiaPages {
@@ -231,6 +308,7 @@ pub(crate) fn pin(
         persistent,
         shared: shared.clone(),
         callback_ref,
+        tgid: current_tgid(),
     };
     // Check what the GPU driver returned before trusting it.
     let _use = shared.begin_use()?;
@@ -246,6 +324,16 @@ pub(crate) fn pin(
     let owner = Owner::of_phys(pages.phys(0)).ok_or(ENXIO)?;
     if (0..t.entries as usize).any(|i| !owner.contains(pages.phys(i), page_size.get())) {
         return Err(ENXIO);
+    }
+    // Only P2PDMA pages can be handed to the block layer (and the bounce path's CPU copy needs
+    // them too): BAR memory without `struct page` is refused here, with its own errno, rather
+    // than failing or faulting at the first transfer. Every page of every GPU page is checked.
+    let cpu_pages = page_size.get() / super::PAGE_SIZE;
+    let all_p2pdma = (0..t.entries as usize).all(|i| {
+        (0..cpu_pages).all(|k| super::p2pdma_page(pages.phys(i) + k * super::PAGE_SIZE).is_some())
+    });
+    if !all_p2pdma {
+        return Err(error::no_struct_pages());
     }
     let page_count = u64::from(t.entries);
     drop(_use);
@@ -269,45 +357,6 @@ impl NvidiaPages {
             (**t.pages.add(i)).physical_address
         }
     }
-
-    /// Maps the pages for `peer` with the GPU driver; the caller holds a use of the pages.
-    pub(crate) fn dma_map(
-        &self,
-        peer: &ARef<pci::Device>,
-    ) -> Result<(*mut nv_p2p::DmaMapping, &[u64])> {
-        let mut dma: *mut nv_p2p::DmaMapping = core::ptr::null_mut();
-        // SAFETY: `peer` is a valid, referenced device; the table is valid (in use).
-        let ret = unsafe {
-            (self.nv.dma_map_pages)(topology::raw_pci(peer), self.table.as_ptr(), &mut dma)
-        };
-        // The driver no longer knows a page table we still hold only while it frees the memory
-        // (its free callback is on its way): the registration is being revoked.
-        if ret == EINVAL.to_errno() {
-            return Err(error::revoked());
-        }
-        nv_p2p::to_result(ret)?;
-        // SAFETY: on success the GPU driver returns a valid mapping, kept until unmapped or revoked.
-        let m = unsafe { dma.as_ref() }.ok_or(EINVAL)?;
-        if !nv_p2p::version_compatible(m.version, nv_p2p::DMA_MAPPING_VERSION)
-            || m.dma_addresses.is_null()
-        {
-            self.dma_unmap(peer, dma);
-            return Err(error::provider_unavailable());
-        }
-        // SAFETY: the driver's mapping holds `entries` addresses, valid as long as the mapping.
-        let addrs = unsafe { core::slice::from_raw_parts(m.dma_addresses, m.entries as usize) };
-        Ok((dma, addrs))
-    }
-
-    /// Undoes a `dma_map`; the caller holds a use of the pages.
-    pub(crate) fn dma_unmap(&self, peer: &pci::Device, dma: *mut nv_p2p::DmaMapping) {
-        // SAFETY: `dma` was returned by `dma_map_pages` for this peer and table, not yet unmapped.
-        let ret =
-            unsafe { (self.nv.dma_unmap_pages)(topology::raw_pci(peer), self.table.as_ptr(), dma) };
-        if ret != 0 {
-            pr_warn!("nvidia_p2p_dma_unmap_pages failed: {ret}\n");
-        }
-    }
 }
 
 impl Drop for NvidiaPages {
@@ -323,16 +372,57 @@ impl Drop for NvidiaPages {
         let Some(data) = self.callback_ref.take() else {
             return;
         };
-        if !self.shared.is_revoked() {
-            // SAFETY: the table came from `get_pages` and is put at most once.
+        let shared = &self.shared;
+        let get_put = GET_PUT.lock();
+        if current_tgid() != self.tgid {
+            // put_pages would find nothing from here: leave the pages to the driver.
+            if self.orphan(&[Callback::Armed]) {
+                return;
+            }
+        } else if shared.callback_transition(&[Callback::Armed], Callback::Putting)
+            == Callback::Armed
+        {
+            // The callback has not started, so the driver has not freed the table; should a
+            // free start now, it runs the callback before put_pages returns (both take its API
+            // lock), and `GET_PUT` keeps a new table from taking this one's address meanwhile.
+            // SAFETY: the table came from `get_pages`, is put at most once, and is live.
             let ret = unsafe { (self.nv.put_pages)(0, 0, self.va, self.table.as_ptr()) };
-            if ret == 0 {
-                // SAFETY: after a successful put the callback never runs: its reference is ours.
+            if ret != 0 {
+                pr_warn!("nvidia_p2p_put_pages failed: {ret}; leaving the pages to the driver\n");
+                if self.orphan(&[Callback::Putting]) {
+                    return;
+                }
+            } else if shared.callback_transition(&[Callback::Putting], Callback::None)
+                == Callback::Putting
+            {
+                drop(get_put);
+                // SAFETY: put and never called back: the callback's reference is ours.
                 drop(unsafe { Arc::from_raw(data.as_ptr()) });
                 return;
             }
         }
-        // A free is under way: the callback owns its reference and will end soon.
-        self.shared.wait_callback();
+        drop(get_put);
+        // The callback started (`Running`, `Done`): it owns the pages until it is done.
+        shared.wait_callback();
+        // SAFETY: the callback has finished (see the module docs): its reference is ours.
+        drop(unsafe { Arc::from_raw(data.as_ptr()) });
+    }
+}
+
+impl NvidiaPages {
+    /// Leaves the pages, from one of the states `from`, to the driver and the callback
+    /// (`Orphaned`), with a module reference for the callback to drop. `false` when the
+    /// callback started first (then it owns the pages until it is done).
+    fn orphan(&self, from: &[Callback]) -> bool {
+        // Taken first: the callback may run and put it as soon as the state is `Orphaned`.
+        // SAFETY: the module is live (this is its code, run by one of its operations).
+        unsafe { bindings::__module_get(crate::THIS_MODULE.as_ptr()) };
+        if from.contains(&self.shared.callback_transition(from, Callback::Orphaned)) {
+            stats::ORPHANED.fetch_add(1, Relaxed);
+            return true;
+        }
+        // SAFETY: the reference taken just above.
+        unsafe { bindings::module_put(crate::THIS_MODULE.as_ptr()) };
+        false
     }
 }

@@ -5,8 +5,11 @@
 //! gdirect_egpu: the emulated GPU of the gdirect test rig. Test-only.
 //!
 //! A PCI driver for the rig's ivshmem device (1af4:1110), whose 256 MiB BAR2 is backed by a file
-//! in the host's `/dev/shm`. At probe it registers BAR2 as PCI P2PDMA memory, so the block layer
-//! and gdirect see its pages as P2P pages, as they would a real GPU's BAR published that way.
+//! in the host's `/dev/shm`. Two BAR modes, chosen at load (`nopages=`): **p2pdma** (the default)
+//! registers BAR2 as PCI P2PDMA memory at probe, so the block layer and gdirect see its pages as
+//! P2P pages, as with NVIDIA's P2PDMA mode (nvidia-uvm's `uvm_pmm_gpu_device_p2p_init()` over a
+//! static, uncached BAR1 mapping); **nopages** leaves BAR2 plain memory without `struct page`,
+//! as BAR1 is in every other configuration of NVIDIA's driver.
 //! Programs get "GPU allocations" from `/dev/gdirect_egpu` (`tests/egpu/gdirect_egpu.h`), and
 //! this module exports the NVIDIA nv-p2p kernel interface over those allocations with the
 //! semantics of `nvidia.ko`: `nvidia_p2p_get_pages` mappings are revoked through their free
@@ -16,8 +19,38 @@
 //! One [`Egpu`] exists per bound device (the rig has one); it is reachable from the exported
 //! functions through [`DEVICE`].
 //!
-//! Locking: `Egpu::inner` is never held while a free callback runs, so a callback may call any
-//! nv-p2p function (gdirect's does not call back, as NVIDIA's rules require).
+//! Locking mirrors the open NVIDIA driver (`NVIDIA/open-gpu-kernel-modules`, 595.45.04), which
+//! is what a client can observe: [`API_LOCK`] stands for RM's API lock. `rm_p2p_get_pages`,
+//! `rm_p2p_put_pages` and `rm_p2p_dma_map_pages` (`arch/nvalloc/unix/src/osapi.c`) each take it
+//! (`rmapiLockAcquire`), and a free (`cudaFree`: an RM free of the video memory, which holds it)
+//! runs the free callbacks under it (`video_mem.c` -> `CliUnregisterMemoryFromThirdPartyP2P` ->
+//! `CliDelThirdPartyP2PVidmemInfo` in `gpu/bus/third_party_p2p.c`). So a client that waits in
+//! its callback for something that calls one of those functions deadlocks, and lockdep sees the
+//! inversion. `Egpu::inner` nests inside it and is never held while a callback runs.
+//!
+//! What each exported function does, against its original in `kernel-open/nvidia/nv-p2p.c`:
+//!
+//! | behaviour | nvidia.ko |
+//! |---|---|
+//! | get_pages without a free callback: `-EINVAL` | `nvidia_p2p_get_pages` |
+//! | a VA of another process or not allocated: `-EINVAL` | `rm_p2p_get_pages` -> `NV_ERR_INVALID_ARGUMENT` |
+//! | get/put/dma_map take the API lock | `rm_p2p_get_pages`, `rm_p2p_put_pages`, `rm_p2p_dma_map_pages` |
+//! | free callbacks run under the API lock, in the freeing thread | `CliDelThirdPartyP2PVidmemInfo` |
+//! | ... which need not be the registration's user: a deferred last close (a kworker), GPU removal (`EGPU_FREE_FROM_WORKER`) | `nvidia_close`, `nv_pci_remove` |
+//! | the page table is freed only after the client's callback returns | `nv_p2p_mem_info_free_callback` |
+//! | put_pages of a table that teardown already unlinked returns 0 | `nv_p2p_put_pages`: `NV_ERR_OBJECT_NOT_FOUND` -> `NV_OK` |
+//! | put_pages while a free runs the callback blocks on the API lock, then returns 0 | as above |
+//! | put_pages from another process than get_pages's (or a kworker) puts nothing, returns 0 | `RmP2PGetInfoWithoutToken` (`osGetCurrentProcess()`) |
+//! | dma_unmap of a mapping no longer listed returns 0 | `nvidia_p2p_dma_unmap_pages` |
+//! | dma_map for a peer that cannot reach the BAR: `-ENOTSUPP` | `rm_p2p_dma_map_pages`: `nv_grdma_pci_topology_supported` |
+//! | free_page_table and free_dma_mapping do nothing | `nvidia_p2p_free_page_table`, `nvidia_p2p_free_dma_mapping` |
+//! | persistent mappings keep freed memory until put | `rm_p2p_put_pages_persistent` |
+//!
+//! Harsher than the hardware, where the real driver would touch freed memory: using a page
+//! table after it was freed (dma_map/dma_unmap/put_pages_persistent of an unknown table) is a
+//! `WARN` (fatal on the debug kernel, a kernel report that fails the run on the other).
+//! Debug knob: `EGPU_IOC_FREE`'s `delay_us` holds the API lock that long between unlinking the
+//! mappings and running their callbacks, so tests force put_pages into that window.
 
 use core::{
     ffi::c_void,
@@ -83,6 +116,12 @@ module! {
     authors: ["The gdirect authors"],
     description: "gdirect test rig: emulated GPU memory with the NVIDIA nv-p2p interface",
     license: "GPL",
+    params: {
+        nopages: u32 {
+            default: 0,
+            description: "0: BAR2 is P2PDMA memory with struct pages (NVIDIA's P2PDMA mode, the default); 1: plain BAR without struct pages (classic BAR1)",
+        },
+    },
 }
 
 /// The BAR that holds the device memory.
@@ -99,6 +138,11 @@ const GPU_UUID: [u8; 16] = *b"gdirect-egpu-001";
 kernel::sync::global_lock! {
     // SAFETY: `EgpuModule::init` initializes it before registering the driver and the device.
     unsafe(uninit) static DEVICE: Mutex<Option<Arc<Egpu>>> = None;
+}
+
+kernel::sync::global_lock! {
+    // SAFETY: `EgpuModule::init` initializes it before registering the driver and the device.
+    unsafe(uninit) static API_LOCK: Mutex<()> = ();
 }
 
 /// The bound device, or `ENODEV`.
@@ -137,6 +181,8 @@ struct DmaBox {
 struct Mapping {
     table: Owned<TableBox>,
     persistent: bool,
+    /// The process that made it: nvidia.ko's put_pages finds a mapping only from there.
+    tgid: i32,
     callback: Option<nv_p2p::FreeCallback>,
     data: *mut c_void,
     dmas: KVec<Owned<DmaBox>>,
@@ -185,9 +231,17 @@ struct Egpu {
     pdev: ARef<pci::Device>,
     bar_start: u64,
     bar_len: u64,
-    /// The P2PDMA provider of BAR2 (device-managed: valid while the driver is bound).
-    provider: Owned<bindings::p2pdma_provider>,
+    /// The P2PDMA provider of BAR2 (device-managed: valid while the driver is bound); `None` in
+    /// nopages mode.
+    provider: Option<Owned<bindings::p2pdma_provider>>,
+    /// PCI bus address minus CPU physical address of BAR2.
+    bus_offset: u64,
     callbacks: Atomic<u64>,
+    /// put_pages calls that found their table already unlinked by a free (and returned 0).
+    puts_unlinked: Atomic<u64>,
+    /// put_pages calls from another process than the one that got the pages (returned 0,
+    /// put nothing).
+    puts_foreign: Atomic<u64>,
     #[pin]
     inner: Mutex<Inner>,
 }
@@ -207,8 +261,7 @@ impl Egpu {
     }
 
     fn bus_offset(&self) -> u64 {
-        // SAFETY: `provider` is valid while bound (see `Egpu::provider`).
-        unsafe { self.provider.0.as_ref().bus_offset }
+        self.bus_offset
     }
 
     fn alloc(&self, len: u64, owner: u64) -> Result<(u64, u64)> {
@@ -295,7 +348,24 @@ impl Egpu {
         Ok((revoke, deferred))
     }
 
-    /// Runs the free callbacks of `mappings`, then frees them, as `cudaFree` does.
+    /// Frees the allocations of `owner` (all, or the one at `va`) as `cudaFree` does: under the
+    /// API lock, unlinks their mappings (put_pages no longer finds them), waits `delay` (the
+    /// debug knob), runs each free callback, then frees the page table (`video_mem.c` ->
+    /// `CliDelThirdPartyP2PVidmemInfo` -> `nv_p2p_mem_info_free_callback`). Returns the numbers
+    /// of callbacks run and of persistent mappings that keep their memory.
+    fn free_and_revoke(&self, owner: u64, va: Option<u64>, delay_us: u32) -> Result<(u32, u32)> {
+        let api = API_LOCK.lock();
+        let (revoke, deferred) = self.free(owner, va)?;
+        let callbacks = revoke.len() as u32;
+        if delay_us > 0 && callbacks > 0 {
+            kernel::time::delay::fsleep(kernel::time::Delta::from_micros(i64::from(delay_us)));
+        }
+        self.revoke(revoke);
+        drop(api);
+        Ok((callbacks, deferred))
+    }
+
+    /// Runs the free callbacks of `mappings`, then frees them. The caller holds the API lock.
     fn revoke(&self, mappings: KVec<Mapping>) {
         for m in mappings {
             if let Some(callback) = m.callback {
@@ -382,8 +452,7 @@ impl Drop for Binding {
         }
         let mut leaked = 0;
         for owner in owners {
-            if let Ok((revoke, deferred)) = self.egpu.free(owner, None) {
-                self.egpu.revoke(revoke);
+            if let Ok((_, deferred)) = self.egpu.free_and_revoke(owner, None, 0) {
                 leaked += deferred;
             }
         }
@@ -420,21 +489,50 @@ impl pci::Driver for EgpuDriver {
                 return Err(ENODEV);
             }
             let raw = raw_pci(pdev);
-            // SAFETY: `raw` is the bound device; the resource is device-managed.
-            kernel::error::to_result(unsafe {
-                bindings::pci_p2pdma_add_resource(raw, BAR as i32, 0, 0)
-            })?;
-            // SAFETY: `pci_p2pdma_add_resource` initialized the device's P2PDMA state.
-            let provider = NonNull::new(unsafe { bindings::pcim_p2pdma_provider(raw, BAR as i32) })
-                .ok_or(ENODEV)?;
+            let nopages = *module_parameters::nopages.value() != 0;
+            // P2PDMA mode: the BAR gets `struct page`s, as `uvm_pmm_gpu_device_p2p_init()`
+            // (nvidia-uvm) gives a static BAR1 mapping. Nopages mode: plain BAR memory, as BAR1
+            // is on every other configuration of NVIDIA's driver.
+            let provider = if nopages {
+                None
+            } else {
+                // SAFETY: `raw` is the bound device; the resource is device-managed.
+                kernel::error::to_result(unsafe {
+                    bindings::pci_p2pdma_add_resource(raw, BAR as i32, 0, 0)
+                })?;
+                // SAFETY: `pci_p2pdma_add_resource` initialized the device's P2PDMA state.
+                let provider =
+                    NonNull::new(unsafe { bindings::pcim_p2pdma_provider(raw, BAR as i32) })
+                        .ok_or(ENODEV)?;
+                Some(Owned(provider))
+            };
+            let bus_offset = match &provider {
+                // SAFETY: the provider is valid while bound.
+                Some(p) => unsafe { p.0.as_ref().bus_offset },
+                None => {
+                    let mut region = bindings::pci_bus_region::default();
+                    // SAFETY: `raw` is the bound device; its bus and resource outlive the call.
+                    unsafe {
+                        bindings::pcibios_resource_to_bus(
+                            (*raw).bus,
+                            &mut region,
+                            &raw mut (*raw).resource[BAR as usize],
+                        )
+                    };
+                    region.start.wrapping_sub(bar_start)
+                }
+            };
             let pages = (bar_len / PAGE) as usize;
             let egpu = Arc::pin_init(
                 try_pin_init!(Egpu {
                     pdev: ARef::from(&**pdev),
                     bar_start,
                     bar_len,
-                    provider: Owned(provider),
+                    provider,
+                    bus_offset,
                     callbacks: Atomic::new(0),
+                    puts_unlinked: Atomic::new(0),
+                    puts_foreign: Atomic::new(0),
                     inner <- new_mutex!(Inner {
                         used: KVec::from_elem(false, pages, GFP_KERNEL)?,
                         allocs: KVec::new(),
@@ -445,8 +543,13 @@ impl pci::Driver for EgpuDriver {
             )?;
             dev_info!(
                 pdev,
-                "emulated GPU: {} MiB of P2P device memory in BAR{BAR}\n",
-                bar_len >> 20
+                "emulated GPU: {} MiB of device memory in BAR{BAR}, {}\n",
+                bar_len >> 20,
+                if nopages {
+                    "without struct pages (nopages)"
+                } else {
+                    "P2PDMA pages (p2pdma)"
+                }
             );
             *DEVICE.lock() = Some(egpu.clone());
             Ok(egpu)
@@ -471,7 +574,7 @@ struct AllocArgs {
 struct FreeArgs {
     va: u64,
     flags: u32,
-    pad: u32,
+    delay_us: u32,
     callbacks: u32,
     deferred: u32,
 }
@@ -485,7 +588,8 @@ struct InfoArgs {
     allocations: u32,
     mappings: u32,
     callbacks: u64,
-    reserved: [u64; 2],
+    puts_unlinked: u64,
+    puts_foreign: u64,
 }
 kernel::static_assert!(core::mem::size_of::<AllocArgs>() == 32);
 kernel::static_assert!(core::mem::size_of::<FreeArgs>() == 24);
@@ -504,6 +608,42 @@ unsafe impl AsBytes for InfoArgs {}
 const IOC_ALLOC: u32 = _IOWR::<AllocArgs>(IOC_MAGIC, 0x00);
 const IOC_FREE: u32 = _IOWR::<FreeArgs>(IOC_MAGIC, 0x01);
 const IOC_INFO: u32 = _IOR::<InfoArgs>(IOC_MAGIC, 0x02);
+
+/// `EGPU_FREE_FROM_WORKER`: the free runs on a kernel worker, so the callbacks run in another
+/// thread (a kworker, with no user context) than the one that asked for the free.
+const FREE_FROM_WORKER: u32 = 1;
+
+/// A free handed to a kernel worker, and its outcome.
+#[pin_data]
+struct FreeJob {
+    #[pin]
+    done: kernel::sync::Completion,
+    #[pin]
+    result: Mutex<Option<Result<(u32, u32)>>>,
+}
+
+/// Runs `free_and_revoke` on the system's unbound workqueue and waits for it.
+fn free_from_worker(egpu: Arc<Egpu>, owner: u64, va: u64, delay_us: u32) -> Result<(u32, u32)> {
+    let job = Arc::pin_init(
+        pin_init!(FreeJob {
+            done <- kernel::sync::Completion::new(),
+            result <- new_mutex!(None),
+        }),
+        GFP_KERNEL,
+    )?;
+    let worker_job = job.clone();
+    kernel::workqueue::system_unbound().try_spawn(GFP_KERNEL, move || {
+        let r = egpu.free_and_revoke(owner, Some(va), delay_us);
+        *worker_job.result.lock() = Some(r);
+        worker_job.done.complete_all();
+    })?;
+    job.done.wait_for_completion();
+    let r = job.result.lock().take();
+    r.unwrap_or(Err(EINVAL))
+}
+
+/// The longest `delay_us` a free may ask for (`EGPU_FREE_MAX_DELAY_US`).
+const MAX_DELAY_US: u32 = 1_000_000;
 
 /// Source of file identities: allocations belong to the file that made them.
 static NEXT_FILE: Atomic<u64> = Atomic::new(1);
@@ -528,9 +668,7 @@ impl MiscDevice for EgpuFile {
 
     fn release(me: KBox<Self>, _file: &File) {
         if let Ok(egpu) = device() {
-            if let Ok((revoke, _)) = egpu.free(me.id, None) {
-                egpu.revoke(revoke);
-            }
+            let _ = egpu.free_and_revoke(me.id, None, 0);
         }
     }
 
@@ -553,13 +691,14 @@ impl MiscDevice for EgpuFile {
             IOC_FREE => {
                 let (mut r, mut w) = user.reader_writer();
                 let mut f: FreeArgs = r.read()?;
-                if f.flags != 0 || f.pad != 0 {
+                if f.flags & !FREE_FROM_WORKER != 0 || f.delay_us > MAX_DELAY_US {
                     return Err(EINVAL);
                 }
-                let (revoke, deferred) = egpu.free(me.id, Some(f.va))?;
-                f.callbacks = revoke.len() as u32;
-                f.deferred = deferred;
-                egpu.revoke(revoke);
+                (f.callbacks, f.deferred) = if f.flags & FREE_FROM_WORKER != 0 {
+                    free_from_worker(egpu, me.id, f.va, f.delay_us)?
+                } else {
+                    egpu.free_and_revoke(me.id, Some(f.va), f.delay_us)?
+                };
                 w.write(&f)?;
             }
             IOC_INFO => {
@@ -572,7 +711,8 @@ impl MiscDevice for EgpuFile {
                     allocations: inner.allocs.len() as u32,
                     mappings: inner.mappings,
                     callbacks: egpu.callbacks.load(Relaxed),
-                    reserved: [0; 2],
+                    puts_unlinked: egpu.puts_unlinked.load(Relaxed),
+                    puts_foreign: egpu.puts_foreign.load(Relaxed),
                 };
                 drop(inner);
                 user.writer().write(&info)?;
@@ -598,6 +738,8 @@ fn get_pages(
     }
     let egpu = device()?;
     let tgid = current_tgid();
+    // `rm_p2p_get_pages` and `rm_p2p_get_pages_persistent` run under the API lock.
+    let _api = API_LOCK.lock();
     let mut inner = egpu.inner.lock();
     let a = inner
         .allocs
@@ -643,6 +785,7 @@ fn get_pages(
     let mapping = Mapping {
         table,
         persistent,
+        tgid,
         callback,
         data,
         dmas: KVec::new(),
@@ -661,10 +804,30 @@ fn get_pages(
 
 /// Removes the page table from its allocation; frees the allocation if it was freed and this
 /// was its last persistent mapping.
+///
+/// As `nv_p2p_put_pages`: under the API lock (so it waits for a free running callbacks); a
+/// non-persistent table that a free already unlinked (its callback pending, running or done)
+/// is `NV_ERR_OBJECT_NOT_FOUND`, which it turns into success. The real driver dereferences a
+/// persistent table it does not know (`container_of`): a use after free, a `WARN` here.
 fn put_pages(table: *mut nv_p2p::PageTable, persistent: bool) -> Result {
     let egpu = device()?;
+    let _api = API_LOCK.lock();
     let mut inner = egpu.inner.lock();
-    let (i, j) = Egpu::find_mapping_locked(&inner, table).ok_or(EINVAL)?;
+    let Some((i, j)) = Egpu::find_mapping_locked(&inner, table) else {
+        if persistent {
+            kernel::warn_on!(true);
+            return Err(EINVAL);
+        }
+        egpu.puts_unlinked.fetch_add(1, Relaxed);
+        return Ok(());
+    };
+    // `rm_p2p_put_pages` looks for the table among the calling process's records only
+    // (`RmP2PGetInfoWithoutToken`: `osGetCurrentProcess()`): from another process, or a kernel
+    // worker, it finds nothing, puts nothing, and returns 0.
+    if !persistent && inner.allocs[i].mappings[j].tgid != current_tgid() {
+        egpu.puts_foreign.fetch_add(1, Relaxed);
+        return Ok(());
+    }
     if inner.allocs[i].mappings[j].persistent != persistent {
         return Err(EINVAL);
     }
@@ -677,6 +840,17 @@ fn put_pages(table: *mut nv_p2p::PageTable, persistent: bool) -> Result {
     drop(inner);
     free_mapping(m);
     Ok(())
+}
+
+/// The mapping of a page table that must be live: NVIDIA's dma_map/dma_unmap reach the table's
+/// `nv_p2p_mem_info` by `container_of` without any lookup, so a freed table is a use after free
+/// there; here it is a `WARN` and `EINVAL`.
+fn find_live_table(inner: &Inner, table: *mut nv_p2p::PageTable) -> Result<(usize, usize)> {
+    let found = Egpu::find_mapping_locked(inner, table);
+    if found.is_none() {
+        kernel::warn_on!(true);
+    }
+    found.ok_or(EINVAL)
 }
 
 fn errno(r: Result) -> i32 {
@@ -776,8 +950,10 @@ pub(crate) extern "C" fn nvidia_p2p_dma_map_pages(
             MapType::ThruHostBridge => true,
             MapType::NotSupported => return Ok(-nv_p2p::ENOTSUPP),
         };
+        // `rm_p2p_dma_map_pages` runs under the API lock.
+        let _api = API_LOCK.lock();
         let mut inner = egpu.inner.lock();
-        let (i, j) = Egpu::find_mapping_locked(&inner, page_table).ok_or(EINVAL)?;
+        let (i, j) = find_live_table(&inner, page_table)?;
         let m = &mut inner.allocs[i].mappings[j];
         // SAFETY: the table is live while it is recorded in the locked state.
         let table = unsafe { &m.table.0.as_ref().table };
@@ -851,13 +1027,17 @@ pub(crate) extern "C" fn nvidia_p2p_dma_unmap_pages(
 ) -> i32 {
     errno((|| -> Result {
         let egpu = device()?;
+        // `nv_p2p_remove_dma_mapping` runs under the table's own lock, not the API lock.
         let mut inner = egpu.inner.lock();
-        let (i, j) = Egpu::find_mapping_locked(&inner, page_table).ok_or(EINVAL)?;
+        let (i, j) = find_live_table(&inner, page_table)?;
         let dmas = &mut inner.allocs[i].mappings[j].dmas;
-        let k = dmas
+        // A mapping no longer listed: 0, as `nvidia_p2p_dma_unmap_pages` returns.
+        let Some(k) = dmas
             .iter()
             .position(|d| d.0.as_ptr().cast::<nv_p2p::DmaMapping>() == dma_mapping)
-            .ok_or(EINVAL)?;
+        else {
+            return Ok(());
+        };
         let dma = dmas.remove(k).map_err(|_| EINVAL)?;
         drop(inner);
         free_dma(dma);
@@ -894,8 +1074,11 @@ struct EgpuModule {
 
 impl kernel::InPlaceModule for EgpuModule {
     fn init(module: &'static ThisModule) -> impl PinInit<Self, Error> {
-        // SAFETY: called once, before anything can use `DEVICE`.
-        unsafe { DEVICE.init() };
+        // SAFETY: called once, before anything can use `DEVICE` or `API_LOCK`.
+        unsafe {
+            DEVICE.init();
+            API_LOCK.init();
+        }
         try_pin_init!(Self {
             _misc <- OwnedMiscDevice::register(c"gdirect_egpu", 0o600, module),
             _driver <- driver::Registration::new(c"gdirect_egpu", module),

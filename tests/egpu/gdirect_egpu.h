@@ -19,6 +19,12 @@
  * GPU virtual address means something only to the process that allocated it:
  * nvidia_p2p_get_pages from another process does not find it (EINVAL).
  *
+ * Locking and revocation follow nvidia.ko (see egpu_main.rs for the table of
+ * behaviours and their sources): a free runs the free callbacks under a lock
+ * standing for RM's API lock, which nvidia_p2p_get_pages, _put_pages and
+ * _dma_map_pages also take; put_pages of a table that a free already unlinked
+ * returns 0; the page table is freed only after its callback returns.
+ *
  * Errors: EINVAL malformed request (flags, reserved, zero or unaligned length),
  * ENOMEM no free BAR range of that size, ENOENT no allocation at that address
  * owned by this file, ENODEV the device is gone, ENOTTY unknown command.
@@ -35,6 +41,10 @@
 #define EGPU_PAGE_SIZE 0x10000
 /* Fake GPU virtual addresses start here: va = EGPU_VA_BASE + bar_offset. */
 #define EGPU_VA_BASE 0x7e0000000000ULL
+/* Free on a kernel worker: the free callbacks run in a kworker, not the caller. */
+#define EGPU_FREE_FROM_WORKER 1
+/* The longest delay_us of a free. */
+#define EGPU_FREE_MAX_DELAY_US 1000000
 
 struct egpu_alloc_args {
 	/* in */
@@ -49,8 +59,13 @@ struct egpu_alloc_args {
 struct egpu_free_args {
 	/* in */
 	__u64 va; /* as returned by ALLOC */
-	__u32 flags; /* must be 0 */
-	__u32 pad;
+	__u32 flags; /* 0 or EGPU_FREE_FROM_WORKER */
+	/*
+	 * Debug knob: hold the driver lock this long (at most
+	 * EGPU_FREE_MAX_DELAY_US) between unlinking the mappings, after which
+	 * put_pages finds nothing, and running their free callbacks.
+	 */
+	__u32 delay_us;
 	/* out: how many mappings the free revoked (callbacks run) or deferred (persistent) */
 	__u32 callbacks;
 	__u32 deferred;
@@ -64,7 +79,10 @@ struct egpu_info_args {
 	__u32 allocations; /* live allocations, all files */
 	__u32 mappings; /* nv-p2p page tables handed out and not yet put or revoked */
 	__u64 callbacks; /* free callbacks run since load */
-	__u64 reserved[2];
+	/* put_pages calls that found their table unlinked by a free, and returned 0 */
+	__u64 puts_unlinked;
+	/* put_pages calls from another process than get_pages's: they put nothing, return 0 */
+	__u64 puts_foreign;
 };
 
 #define EGPU_IOC_ALLOC _IOWR(EGPU_IOC_MAGIC, 0x00, struct egpu_alloc_args)

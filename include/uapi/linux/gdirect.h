@@ -132,12 +132,23 @@ struct gdirect_info_args {
  *  ENXIO           the range is not (entirely) memory of that provider: not
  *                  mapped in the process, not P2PDMA memory, not a GPU
  *                  allocation, or spanning two devices.
+ *  EMEDIUMTYPE     nvidia: the GPU driver hands out this memory without
+ *                  struct pages (BAR1 outside NVIDIA's P2PDMA mode, which needs
+ *                  a static, uncached BAR1 mapping): no storage driver can DMA
+ *                  to it through the block layer, so the module takes no such
+ *                  registration (the library's compat engine serves it). The
+ *                  pages are put back before REGISTER returns.
  *  EDQUOT          pinning len more bytes would exceed max_pinned_bytes (the
  *                  module's limit over every provider and every process).
  *  EMFILE          this file already holds max_registrations registrations.
- *  ENOENT          no registration with this handle was ever made on this file.
+ *  ENOENT          no registration with this handle was ever made on this file
+ *                  (the handle carries this file's cookie, see EPERM).
  *  ESTALE          the handle was unregistered already.
- *  EPERM           the handle belongs to another open file of the device.
+ *  EPERM           the handle was not issued by this file: it carries another
+ *                  cookie (handles are cookie << 32 | index, the cookie random
+ *                  per open file), as another file's handles do. A made-up
+ *                  value gets EPERM too: the module does not tell another
+ *                  file's handle from a forged one.
  *  EKEYREVOKED     the provider took the memory back (for example cudaFree of
  *                  registered GPU memory): the registration is revoked. Only
  *                  UNREGISTER still works on it. (Not ENOLINK, which the block
@@ -249,7 +260,7 @@ struct gdirect_query_args {
  * reports for every request the path the bytes took and why.
  *
  * Errors of READ, WRITE and of each batch entry, each with one meaning (plus
- * the registration errors ENOENT, ESTALE, EPERM and ENOLINK above):
+ * the registration errors ENOENT, ESTALE, EPERM and EKEYREVOKED above):
  *
  *  EINVAL      zero length, unknown flag bits, nonzero reserved fields.
  *  EBADF       fd is not an open file, or not open for reading (READ) or
@@ -267,6 +278,14 @@ struct gdirect_query_args {
  *
  * A read that reaches the end of the file is short: bytes < len, and
  * GDIRECT_RESULT_EOF is set. Holes read as zeros.
+ *
+ * Revocation: a transfer moves its bytes in chunks of at most 8 MiB, each
+ * under its own hold on the registration's pages. A revocation (cudaFree)
+ * waits for the chunk in flight, never for the rest of the transfer, which
+ * then fails with EKEYREVOKED; chunks before it may have been transferred.
+ * No byte reaches the memory after the revocation returns. Likewise a transfer
+ * that fails with any errno may have moved some chunks first (a failed WRITE
+ * may have written part of its range): a failure says nothing of the bytes.
  */
 
 /* Where the bytes went. */
