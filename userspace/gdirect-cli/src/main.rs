@@ -94,6 +94,11 @@ enum Command {
         /// Take the bounce path whatever the hardware allows.
         #[arg(long)]
         force_bounce: bool,
+        /// Fill the memory with a pattern made from SEED before reading, so that bytes the
+        /// read did not deliver cannot pass for data (default: a seed from the clock, shown
+        /// in the report; 0 leaves the memory as it was allocated).
+        #[arg(long, value_name = "SEED")]
+        poison: Option<u64>,
         /// Compare the bytes in device memory with this file (default: FILE), at the same
         /// offset.
         #[arg(long, value_name = "REFERENCE", num_args = 0..=1)]
@@ -210,6 +215,7 @@ fn main() -> ExitCode {
             len,
             chunk,
             force_bounce,
+            poison,
             verify,
             engine: _,
             json,
@@ -223,6 +229,7 @@ fn main() -> ExitCode {
                 len,
                 chunk,
                 force_bounce,
+                poison: poison.unwrap_or_else(clock_seed),
                 json,
             },
         ),
@@ -374,6 +381,7 @@ fn error_kind(err: &Error) -> &'static str {
         Error::Allocation { .. } => "allocation",
         Error::Misaligned { .. } => "misaligned",
         Error::NotProviderMemory { .. } => "not_provider_memory",
+        Error::NoStructPages { .. } => "no_struct_pages",
         Error::PinLimit { .. } => "pin_limit",
         Error::TooManyRegistrations => "too_many_registrations",
         Error::ProviderUnavailable { .. } => "provider_unavailable",
@@ -566,6 +574,25 @@ impl Mem {
         Ok(())
     }
 
+    /// Fills the first `len` bytes with the xorshift64 stream of `seed`, 1 MiB at a time.
+    fn poison(&mut self, seed: u64, len: u64) -> gdirect::Result<()> {
+        let mut state = seed | 1;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(buf.len() as u64) as usize;
+            for word in buf[..n].chunks_mut(8) {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                word.copy_from_slice(&state.to_le_bytes()[..word.len()]);
+            }
+            self.fill(at, &buf[..n])?;
+            at += n as u64;
+        }
+        Ok(())
+    }
+
     /// What the memory is, for reports.
     fn describe(&self) -> MemJson {
         match self {
@@ -574,6 +601,7 @@ impl Mem {
                 address: m.device_address(),
                 bar_offset: None,
                 device: None,
+                poison_seed: None,
             },
             Self::Egpu(m) => MemJson {
                 kind: "gpu",
@@ -582,12 +610,14 @@ impl Mem {
                 device: gdirect::egpu::sysfs_device()
                     .ok()
                     .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())),
+                poison_seed: None,
             },
             Self::P2p(m) => MemJson {
                 kind: "p2pmem",
                 address: m.device_address(),
                 bar_offset: None,
                 device: Some(m.device().to_string()),
+                poison_seed: None,
             },
         }
     }
@@ -714,6 +744,9 @@ struct MemJson {
     bar_offset: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     device: Option<String>,
+    /// The seed of the pattern the memory was filled with before a read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    poison_seed: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -829,8 +862,18 @@ struct ReadJob {
     len: Option<u64>,
     chunk: u64,
     force_bounce: bool,
+    /// The seed of the pattern the memory is filled with before the read (0: none).
+    poison: u64,
     verify: Option<PathBuf>,
     json: bool,
+}
+
+/// A poison seed that differs from run to run.
+fn clock_seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (t ^ u64::from(std::process::id()).rotate_left(32)) | 1
 }
 
 fn read(device: &PathBuf, job: &ReadJob) -> Result<(), Failure> {
@@ -849,7 +892,10 @@ fn read(device: &PathBuf, job: &ReadJob) -> Result<(), Failure> {
             json,
         });
     }
-    let mem = Mem::allocate(&job.mem, len).json(json)?;
+    let mut mem = Mem::allocate(&job.mem, len).json(json)?;
+    if job.poison != 0 {
+        mem.poison(job.poison, len).json(json)?;
+    }
     let reg = driver.register(mem.memory()).json(json)?;
     let options = IoOptions::new().force_bounce(job.force_bounce);
     let chunk = job.chunk.div_ceil(4096) * 4096;
@@ -879,16 +925,10 @@ fn read(device: &PathBuf, job: &ReadJob) -> Result<(), Failure> {
         Some(reference) => Some(verify(&mem, reference, job.offset, sum.bytes).json(json)?),
         None => None,
     };
+    let mut described = mem.describe();
+    described.poison_seed = (job.poison != 0).then_some(job.poison);
     report(
-        "read",
-        &job.file,
-        job.offset,
-        len,
-        &sum,
-        seconds,
-        mem.describe(),
-        verified,
-        json,
+        "read", &job.file, job.offset, len, &sum, seconds, described, verified, json,
     );
     match verified {
         Some(false) => Err(Failure {

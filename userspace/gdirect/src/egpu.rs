@@ -91,6 +91,12 @@ pub struct EgpuInfo {
     pub mappings: u32,
     /// Free callbacks run since load.
     pub callbacks: u64,
+    /// `nvidia_p2p_put_pages` calls that found their page table already unlinked by a free (its
+    /// callback pending, running or done) and returned 0, as NVIDIA's driver does.
+    pub puts_unlinked: u64,
+    /// `nvidia_p2p_put_pages` calls from another process than the one that got the pages: as
+    /// in NVIDIA's driver, they put nothing and return 0.
+    pub puts_foreign: u64,
 }
 
 /// What freeing an allocation did to its registrations.
@@ -161,6 +167,8 @@ impl Egpu {
             allocations: args.allocations,
             mappings: args.mappings,
             callbacks: args.callbacks,
+            puts_unlinked: args.puts_unlinked,
+            puts_foreign: args.puts_foreign,
         })
     }
 
@@ -204,8 +212,28 @@ impl Egpu {
     /// elsewhere in the program would, even while an [`EgpuAllocation`] still names it (its drop
     /// then finds nothing to free).
     pub fn free_va(&self, va: u64) -> Result<FreeReport> {
+        self.free_va_delayed(va, std::time::Duration::ZERO)
+    }
+
+    /// As [`Egpu::free_va`], with the debug knob: the driver holds its lock for `delay` (at most
+    /// 1 s) between unlinking the allocation's mappings and running their free callbacks, the
+    /// window in which `nvidia_p2p_put_pages` blocks and then returns 0.
+    pub fn free_va_delayed(&self, va: u64, delay: std::time::Duration) -> Result<FreeReport> {
+        self.free_va_with(va, delay, 0)
+    }
+
+    /// As [`Egpu::free_va_delayed`], with the free run by a kernel worker: the free callbacks
+    /// run in a kworker, not in this thread, as when the last close of a GPU context is
+    /// deferred or the GPU is removed.
+    pub fn free_va_from_worker(&self, va: u64, delay: std::time::Duration) -> Result<FreeReport> {
+        self.free_va_with(va, delay, sys::EGPU_FREE_FROM_WORKER)
+    }
+
+    fn free_va_with(&self, va: u64, delay: std::time::Duration, flags: u32) -> Result<FreeReport> {
         let mut args = sys::egpu_free_args {
             va,
+            flags,
+            delay_us: u32::try_from(delay.as_micros()).unwrap_or(u32::MAX),
             ..Default::default()
         };
         // SAFETY: as in `alloc`.
@@ -244,9 +272,21 @@ impl EgpuAllocation {
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let start = self.span(offset, out.len())?;
         let bar = self.egpu.bar()?;
-        for (i, b) in out.iter_mut().enumerate() {
-            // SAFETY: `start + i` is inside the allocation, inside the BAR mapping (checked).
-            *b = unsafe { bar.ptr.as_ptr().add(start + i).read_volatile() };
+        // 8-byte loads where aligned (a BAR mapping is uncached: fewer, wider accesses).
+        let mut i = 0;
+        while i < out.len() {
+            let at = start + i;
+            if at % 8 == 0 && out.len() - i >= 8 {
+                // SAFETY: `at..at + 8` is inside the allocation, inside the BAR mapping
+                // (checked by `span`), and 8-byte aligned.
+                let w = unsafe { bar.ptr.as_ptr().add(at).cast::<u64>().read_volatile() };
+                out[i..i + 8].copy_from_slice(&w.to_ne_bytes());
+                i += 8;
+            } else {
+                // SAFETY: `at` is inside the allocation, inside the BAR mapping (checked).
+                out[i] = unsafe { bar.ptr.as_ptr().add(at).read_volatile() };
+                i += 1;
+            }
         }
         Ok(())
     }
@@ -255,9 +295,27 @@ impl EgpuAllocation {
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
         let start = self.span(offset, data.len())?;
         let bar = self.egpu.bar()?;
-        for (i, b) in data.iter().enumerate() {
-            // SAFETY: as in `read`; `&mut self` makes this the only writer through this value.
-            unsafe { bar.ptr.as_ptr().add(start + i).write_volatile(*b) };
+        let mut i = 0;
+        while i < data.len() {
+            let at = start + i;
+            if at % 8 == 0 && data.len() - i >= 8 {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&data[i..i + 8]);
+                // SAFETY: as in `read`; `&mut self` makes this the only writer through this
+                // value.
+                unsafe {
+                    bar.ptr
+                        .as_ptr()
+                        .add(at)
+                        .cast::<u64>()
+                        .write_volatile(u64::from_ne_bytes(w))
+                };
+                i += 8;
+            } else {
+                // SAFETY: as above.
+                unsafe { bar.ptr.as_ptr().add(at).write_volatile(data[i]) };
+                i += 1;
+            }
         }
         Ok(())
     }

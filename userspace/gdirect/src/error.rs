@@ -111,6 +111,20 @@ pub enum Error {
         len: u64,
     },
 
+    /// The GPU driver hands out this memory without `struct page`s (BAR1 outside NVIDIA's
+    /// P2PDMA mode): no storage driver can DMA to it through the block layer. The compat engine
+    /// still reads into it.
+    #[error(
+        "{len} bytes of GPU memory at {addr:#x} have no struct pages (the GPU driver is not in its \
+         P2PDMA mode; see the README, \"On a real GPU node\"): no direct transfers into it"
+    )]
+    NoStructPages {
+        /// The address given.
+        addr: u64,
+        /// The length given.
+        len: u64,
+    },
+
     /// The module's pinned-bytes limit would be exceeded.
     #[error(
         "registering {len} more bytes would exceed the module's max_pinned_bytes limit (see \
@@ -305,6 +319,7 @@ impl Error {
             Self::PermissionDenied { .. } => Some(Errno::EACCES),
             Self::Misaligned { .. } => Some(Errno::ERANGE),
             Self::NotProviderMemory { .. } => Some(Errno::ENXIO),
+            Self::NoStructPages { .. } => Some(Errno::EMEDIUMTYPE),
             Self::PinLimit { .. } => Some(Errno::EDQUOT),
             Self::TooManyRegistrations => Some(Errno::EMFILE),
             Self::ProviderUnavailable { .. } => Some(Errno::EOPNOTSUPP),

@@ -233,6 +233,11 @@ impl Engine {
                  driver exports nv-p2p): the library's compat engine read the file"
                     .into()
             }
+            Self::Compat(CompatReason::Refused(Errno::EMEDIUMTYPE)) => {
+                "the GPU driver gives this memory no struct pages (not in NVIDIA's P2PDMA mode), so \
+                 no storage DMA can reach it: the compat engine read the file"
+                    .into()
+            }
             Self::Compat(CompatReason::Refused(e)) => {
                 format!("the module refused the GPU memory ({e}): the compat engine read the file")
             }

@@ -71,10 +71,11 @@ pub use registration::{MapType, PeerMap, PeerVerdict, RegisterOptions, Registrat
 #[doc(hidden)]
 pub mod raw {
     pub use crate::sys::{
-        gdirect_info_args, gdirect_io_args, gdirect_peer_args, gdirect_query_args,
-        gdirect_register_args, gdirect_unregister_args, GDIRECT_IOC_GET_INFO,
-        GDIRECT_IOC_GET_STATS, GDIRECT_IOC_MAGIC, GDIRECT_IOC_PEER_CHECK, GDIRECT_IOC_QUERY,
-        GDIRECT_IOC_READ, GDIRECT_IOC_REAP, GDIRECT_IOC_REGISTER, GDIRECT_IOC_SET_EVENTFD,
-        GDIRECT_IOC_SUBMIT, GDIRECT_IOC_UNREGISTER, GDIRECT_IOC_WRITE, GDIRECT_REGISTER_PERSISTENT,
+        gdirect_cqe, gdirect_info_args, gdirect_io_args, gdirect_peer_args, gdirect_query_args,
+        gdirect_reap_args, gdirect_register_args, gdirect_sqe, gdirect_submit_args,
+        gdirect_unregister_args, GDIRECT_IOC_GET_INFO, GDIRECT_IOC_GET_STATS, GDIRECT_IOC_MAGIC,
+        GDIRECT_IOC_PEER_CHECK, GDIRECT_IOC_QUERY, GDIRECT_IOC_READ, GDIRECT_IOC_REAP,
+        GDIRECT_IOC_REGISTER, GDIRECT_IOC_SET_EVENTFD, GDIRECT_IOC_SUBMIT, GDIRECT_IOC_UNREGISTER,
+        GDIRECT_IOC_WRITE, GDIRECT_REAP_WAIT, GDIRECT_REGISTER_PERSISTENT,
     };
 }

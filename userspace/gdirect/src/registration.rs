@@ -176,6 +176,7 @@ impl Driver {
                 addr,
                 len,
             },
+            Errno::EMEDIUMTYPE => Error::NoStructPages { addr, len },
             Errno::EDQUOT => Error::PinLimit { len },
             Errno::EMFILE => Error::TooManyRegistrations,
             Errno::EOPNOTSUPP => Error::ProviderUnavailable { provider },

@@ -21,6 +21,8 @@ fn read(path: &Path) -> Option<String> {
 /// PCI class codes (`class` in sysfs: base << 16 | sub << 8 | prog-if).
 const CLASS_NVME: u32 = 0x01_08_02;
 const CLASS_BASE_DISPLAY: u32 = 0x03;
+/// NVIDIA's PCI vendor ID.
+const PCI_VENDOR_NVIDIA: u16 = 0x10de;
 const CLASS_BASE_ACCEL: u32 = 0x12;
 
 /// ACS: the extended capability ID, and the redirect bits of its control register.
@@ -646,6 +648,35 @@ fn checks(
             )
         } else {
             ck("bar", Verdict::Ok, evidence, None)
+        });
+    }
+
+    // Whether GPU memory has `struct page`s: only then can storage DMA reach it through the
+    // block layer (NVIDIA's P2PDMA mode publishes the static BAR1 as P2P memory); the rig's
+    // emulated GPU stands for an NVIDIA GPU here.
+    for f in all.iter().filter(|f| {
+        (f.is_gpu() && f.vendor == PCI_VENDOR_NVIDIA) || f.driver.as_deref() == Some("gdirect_egpu")
+    }) {
+        out.push(match f.p2pmem {
+            Some(p) => ck(
+                "gpu_pages",
+                Verdict::Ok,
+                format!(
+                    "{}: {} MiB of its BAR have P2PDMA pages (NVIDIA's P2PDMA mode): storage can DMA to GPU memory",
+                    f.addr,
+                    p >> 20
+                ),
+                None,
+            ),
+            None => ck(
+                "gpu_pages",
+                Verdict::Warning,
+                format!(
+                    "{}: its BAR has no struct pages: gdirect refuses its memory (EMEDIUMTYPE) and reads into it through host memory",
+                    f.addr
+                ),
+                Some("NVIDIA's P2PDMA mode: the open kernel modules on x86-64 with CONFIG_PCI_P2PDMA, a static BAR1 over all GPU memory (automatic when BAR1 is large enough; RMForceStaticBar1=1 forces it), mapped uncached (RmForceDisableIomapWC=1), both in NVreg_RegistryDwords; see the README, \"On a real GPU node\""),
+            ),
         });
     }
 

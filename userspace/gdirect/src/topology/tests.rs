@@ -188,6 +188,35 @@ fn one_switch_is_pix_and_direct_the_other_root_port_phb() {
 }
 
 #[test]
+fn nvidia_gpu_pages_only_in_p2pdma_mode() {
+    let t = Tree::new("gpu-pages");
+    one_switch(&t);
+    let r = super::check(&t.inputs());
+    let c = check(&r, "gpu_pages");
+    assert_eq!(
+        c.verdict,
+        Verdict::Warning,
+        "BAR1 without p2pmem: {}",
+        c.evidence
+    );
+    assert!(c.evidence.contains("no struct pages") && c.evidence.contains("EMEDIUMTYPE"));
+    assert!(c
+        .fix
+        .as_deref()
+        .unwrap_or("")
+        .contains("RmForceDisableIomapWC=1"));
+    // NVIDIA's P2PDMA mode publishes the static BAR1 as P2P memory.
+    t.write(
+        "devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:01.0/0000:04:00.0/p2pmem/size",
+        &format!("{}\n", 64u64 << 30),
+    );
+    let r = super::check(&t.inputs());
+    let c = check(&r, "gpu_pages");
+    assert_eq!(c.verdict, Verdict::Ok, "{}", c.evidence);
+    assert!(c.evidence.contains("65536 MiB") && c.fix.is_none());
+}
+
+#[test]
 fn two_switches_are_pxb() {
     let t = Tree::new("two-switches");
     let gpu = t.func(
