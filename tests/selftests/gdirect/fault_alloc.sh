@@ -59,6 +59,7 @@ out=$(gdirect-io allocfail 200 "$ns")
 rc=$?
 stop
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
+echo "GDIRECT-FIGURE fault_alloc at=10% $(echo "$out" | grep -m1 'outcomes=')"
 _test "every step succeeded or failed cleanly: no partial success, no wrong byte" _expect_eq "exit status" 0 "$rc"
 failures() { kv "$out" outcomes | tr ',' '\n' | grep -v ':OK:' | grep -q .; }
 _test "allocations did fail (the injection reached the module)" failures
@@ -69,6 +70,7 @@ _test "nothing stays registered or pinned" \
 
 out=$(gdirect-io allocfail 20 "$ns")
 ktap_print_msg "off: $(kv "$out" outcomes)"
+echo "GDIRECT-FIGURE fault_alloc at=off outcomes=$(kv "$out" outcomes)"
 clean() { ! kv "$out" outcomes | tr ',' '\n' | grep -v ':OK:' | grep -q .; }
 _test "injection off: every step succeeds" clean
 _test "and the module still unloads" sh -c 'rmmod gdirect && rmmod gdirect_egpu'

@@ -55,6 +55,7 @@ faults() {
 }
 faults 1 400
 ktap_print_msg "1%: $(echo "$out" | tail -n 1) (seed $seed)"
+echo "GDIRECT-FIGURE fault_io at=1% seed=$seed $(echo "$out" | tail -n 1)"
 _test "at 1%: no partial success, no wrong byte" _expect_eq "exit status" 0 "$rc"
 some() { [ "$(kv "$out" failed)" -gt 0 ] && [ "$(kv "$out" ok)" -gt 0 ]; }
 _test "at 1%: some reads failed, the others delivered" some
@@ -63,6 +64,7 @@ _test "at 1%: every failure is EIO" only_eio
 
 faults 100 60
 ktap_print_msg "100%: $(echo "$out" | tail -n 1)"
+echo "GDIRECT-FIGURE fault_io at=100% $(echo "$out" | tail -n 1)"
 _test "at 100%: no partial success" _expect_eq "exit status" 0 "$rc"
 _test "at 100%: every read fails" _expect_eq "ok failed" "0 60" "$(kv "$out" ok) $(kv "$out" failed)"
 _test "nothing stays registered or pinned" \
@@ -73,6 +75,7 @@ echo 0 >"/sys/block/$disk/make-it-fail"
 out=$(gdirect-io faults 100 "$seed" "$ns")
 rc=$?
 ktap_print_msg "stopped: $(echo "$out" | tail -n 1)"
+echo "GDIRECT-FIGURE fault_io at=off $(echo "$out" | tail -n 1)"
 _test "injection stopped: every read succeeds again" _expect_eq "ok failed" "100 0" "$(kv "$out" ok) $(kv "$out" failed)"
 _test "and is byte-exact" _expect_eq "exit status" 0 "$rc"
 stats_err() { [ "$(gdirect stats --json | jq '[.io[] | .errors] | add')" -gt 0 ]; }

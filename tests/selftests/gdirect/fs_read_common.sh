@@ -15,29 +15,16 @@ cleanup() {
 trap cleanup EXIT
 
 _require_root
-case $FS in
-ext4) _require_cmd gdirect jq mke2fs ;;
-xfs) _require_cmd gdirect jq mkfs.xfs ;;
-esac
+_fs_setup "$FS" gdirect jq
+fsdev=$FS_DEV
 _load_all || ktap_exit_fail_msg "cannot load the modules"
 raw=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
-case $FS in
-ext4) nsid=2 ;;
-xfs) nsid=3 ;;
-esac
-fsdev=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL" $nsid) || ktap_exit_fail_msg "no namespace $nsid"
 MiB=1048576
 
 ktap_print_header
 ktap_set_plan 13
 
-make_fs() {
-	case $FS in
-	ext4) /usr/sbin/mke2fs -q -F -t ext4 "$fsdev" ;; # not busybox's applet: it has no -t
-	xfs) mkfs.xfs -q -f "$fsdev" ;;
-	esac && mkdir -p "$mnt" && mount -t "$FS" "$fsdev" "$mnt"
-}
-_test "$FS made on $fsdev (a namespace of the switch NVMe) and mounted" make_fs
+_test "$FS made on $fsdev (a namespace of the switch NVMe) and mounted" _fs_make "$FS" "$fsdev" "$mnt"
 
 # plain: raw bytes [2 MiB, 6 MiB); sparse: 1 MiB from 8 MiB, a 2 MiB hole, 1 MiB
 # from 9 MiB; short: 1 MiB + 1000 bytes from 12 MiB.

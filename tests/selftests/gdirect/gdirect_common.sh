@@ -160,10 +160,12 @@ _pci_bar_size() {
 
 # The host-check channel (ttyS1, see scripts/vm): bytes compared from outside
 # the guest. Names: gpu (the emulated GPU's backing file, at BAR offsets),
-# nvme0 and nvme1 (the drive images the host wrote, namespace 1), zero.
+# nvme0 and nvme1 (the drive images the host wrote, namespace 1), nvme0ns2 and
+# nvme0ns3 (the images of namespaces 2 and 3 of nvme0), nvme0ns4 (namespace 4:
+# random data, throttled by QEMU to 32 MB/s so that transfers stay in flight), zero.
 # Usage: _host_compare NAME:OFFSET NAME:OFFSET LEN - succeeds when they match.
 _HOSTCTL=/dev/ttyS1
-_host_request() {
+_host_request_open() {
 	if [ -z "${_HOSTCTL_OPEN:-}" ]; then
 		[ -c "$_HOSTCTL" ] || { ktap_print_msg "no host channel at $_HOSTCTL"; return 1; }
 		# Held open for the whole test: a reply must not arrive at a closed port.
@@ -171,6 +173,9 @@ _host_request() {
 		stty raw -echo <&5
 		_HOSTCTL_OPEN=1
 	fi
+}
+_host_request() {
+	_host_request_open || return 1
 	echo "$*" >&5
 	reply=
 	read -r -t 60 reply <&5
@@ -179,6 +184,42 @@ _host_request() {
 	return 1
 }
 _host_compare() { _host_request COMPARE "$1" "$2" "$3"; }
+
+# Where the emulated NVMe controllers' DMA went, as QEMU traced it on the host (not
+# what the module says). _dma_mark remembers the trace's position; _dma_since sets
+# DMA_BAR_READ, DMA_RAM_READ, DMA_CMB_READ (device to memory), DMA_BAR_WRITE,
+# DMA_RAM_WRITE, DMA_CMB_WRITE (memory to device): bytes since the mark, by target
+# (the emulated GPU's BAR2, the NVMe CMB, guest RAM).
+_dma_mark() {
+	_host_request_reply DMA-MARK || return 1
+	_DMA_MARK=${reply#OK }
+}
+_dma_since() {
+	_host_request_reply DMA-SINCE "${_DMA_MARK:?_dma_mark first}" || return 1
+	for kv in ${reply#OK }; do
+		case $kv in
+		bar_read=*) DMA_BAR_READ=${kv#*=} ;;
+		ram_read=*) DMA_RAM_READ=${kv#*=} ;;
+		cmb_read=*) DMA_CMB_READ=${kv#*=} ;;
+		bar_write=*) DMA_BAR_WRITE=${kv#*=} ;;
+		ram_write=*) DMA_RAM_WRITE=${kv#*=} ;;
+		cmb_write=*) DMA_CMB_WRITE=${kv#*=} ;;
+		esac
+	done
+	ktap_print_msg "NVMe DMA since the mark (host trace): ${reply#OK }"
+}
+# Like _host_request, for requests whose reply carries values: succeeds on "OK ...".
+_host_request_reply() {
+	_host_request_open || return 1
+	echo "$*" >&5
+	reply=
+	read -r -t 60 reply <&5
+	case $reply in
+	"OK "*) return 0 ;;
+	esac
+	ktap_print_msg "host request '$*': ${reply:-no reply}"
+	return 1
+}
 
 # Ask the host whether bytes have this sha256. Usage: _host_sha256 NAME:OFFSET LEN HEX
 _host_sha256() { _host_request SHA256 "$1" "$2" "$3"; }
@@ -205,7 +246,48 @@ _gd_read() {
 # A field of the last _gd_read report.
 _rj() { echo "$READ_JSON" | jq -r "$1"; }
 
+# Reads LEN bytes of FILE at OFFSET into GPU memory and checks them whole: the byte count,
+# then the bytes from the host against its image NAME at IMAGE_OFFSET.
+# Usage: _gd_read_exact FILE OFFSET LEN NAME IMAGE_OFFSET
+_gd_read_exact() {
+	_gd_read "$1" --mem gpu --offset "$2" --len "$3" &&
+		_expect_eq bytes "$3" "$(_rj .bytes)" &&
+		_host_compare "gpu:$(_rj .memory.bar_offset)" "$4:$5" "$3"
+}
+
 # sha256 of the first $2 MiB of $1, read with O_DIRECT.
 _sha256_direct() {
 	dd if="$1" iflag=direct bs=1M count="$2" 2>/dev/null | sha256sum | cut -d' ' -f1
+}
+
+# Waits until a transfer is running in the module (debugfs counters), so that a
+# fault lands on I/O in flight; fails after 30 s.
+_wait_active_transfer() {
+	_wat=0
+	while [ $_wat -lt 300 ]; do
+		[ "$(sed -n 's/^active_transfers //p' /sys/kernel/debug/gdirect/counters 2>/dev/null)" -gt 0 ] 2>/dev/null && return 0
+		sleep 0.1
+		_wat=$((_wat + 1))
+	done
+	return 1
+}
+
+# The file system tests' namespace of the switch NVMe: 2 for ext4, 3 for xfs. Checks the
+# tools that make $1 and sets FS_DEV. Usage: _fs_setup ext4|xfs [more commands to require...]
+_fs_setup() {
+	fs=$1
+	shift
+	case $fs in
+	ext4) _require_cmd mke2fs "$@" && _fs_nsid=2 ;;
+	xfs) _require_cmd mkfs.xfs "$@" && _fs_nsid=3 ;;
+	esac
+	FS_DEV=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL" $_fs_nsid) || ktap_exit_fail_msg "no namespace $_fs_nsid"
+}
+
+# Makes file system $1 on $2 and mounts it on $3.
+_fs_make() {
+	case $1 in
+	ext4) /usr/sbin/mke2fs -q -F -t ext4 "$2" ;; # not busybox's applet: it has no -t
+	xfs) mkfs.xfs -q -f "$2" ;;
+	esac && mkdir -p "$3" && mount -t "$1" "$2" "$3"
 }

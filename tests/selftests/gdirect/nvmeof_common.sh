@@ -200,7 +200,8 @@ _nvmeof_loop_test() {
 # GPU-targeted reads from the remote raw namespace over transport $1, with KTAP
 # results: the bytes are the drive image's (host check), the path is bounce for
 # a queue without P2P on that transport, the bytes through host memory are
-# counted. Plan: 8 results.
+# counted, and QEMU's trace shows the target's NVMe DMA the bytes into guest RAM,
+# none into the GPU's BAR. Plan: 9 results.
 _nvmeof_gpu_read_test() {
 	trtype=$1
 	nqn=$GDIRECT_NQN_PREFIX:read-$trtype
@@ -208,7 +209,11 @@ _nvmeof_gpu_read_test() {
 	_test "target up over $trtype" _nvmeof_target_up "$trtype" "$nqn" "$local_ns"
 	_test "discovered and connected over $trtype" _nvmeof_connect "$trtype" "$nqn"
 	bounced=$(_stat bounce read bounce_bytes)
+	_dma_mark
 	_test "16 MiB of the remote namespace read into GPU memory" _gd_read "$NVMEOF_NS" --mem gpu --len 16M
+	_dma_since
+	_test "QEMU saw the target's NVMe DMA all 16 MiB into guest RAM, none into the GPU's BAR" \
+		_expect_eq "ram bar" "16777216 0" "${DMA_RAM_READ:-} ${DMA_BAR_READ:-}"
 	ktap_print_msg "why: $(_rj .why)"
 	bounced_why() {
 		_expect_eq "path reason transport" "bounce queue_no_p2p $trtype" "$(_rj .path) $(_rj .reason) $(_rj .transport)" &&
@@ -220,8 +225,7 @@ _nvmeof_gpu_read_test() {
 	_test "the 16 MiB are counted as through host memory" \
 		_expect_eq bounced $((bounced + 16777216)) "$(_stat bounce read bounce_bytes)"
 	at() {
-		_gd_read "$NVMEOF_NS" --mem gpu --offset 20M --len 3M &&
-			_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:20971520 3145728
+		_gd_read_exact "$NVMEOF_NS" 20971520 3145728 nvme0 20971520
 	}
 	_test "a read at an offset is exact too" at
 	_test "teardown leaves nothing behind" _nvmeof_down
@@ -252,16 +256,4 @@ _bg_read_wait() {
 _bg_read_failed_cleanly() {
 	[ "$BG_RC" -ne 0 ] && [ "$(echo "$BG_JSON" | jq -r .error.kind)" != null ] &&
 		[ "$(echo "$BG_JSON" | jq -r .bytes)" = null ]
-}
-
-# Waits until a transfer is running in the module (debugfs counters), so that a
-# fault lands on I/O in flight; fails after 30 s.
-_wait_active_transfer() {
-	i=0
-	while [ $i -lt 300 ]; do
-		[ "$(sed -n 's/^active_transfers //p' /sys/kernel/debug/gdirect/counters)" -gt 0 ] && return 0
-		sleep 0.1
-		i=$((i + 1))
-	done
-	return 1
 }

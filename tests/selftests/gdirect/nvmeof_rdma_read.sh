@@ -16,6 +16,6 @@ _require_cmd nvme ip gdirect jq rdma
 _load_all || ktap_exit_fail_msg "cannot load the modules"
 
 ktap_print_header
-ktap_set_plan 8
+ktap_set_plan 9
 _nvmeof_gpu_read_test rdma
 ktap_finished

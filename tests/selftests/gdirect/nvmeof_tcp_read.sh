@@ -14,6 +14,6 @@ _require_cmd nvme ip gdirect jq
 _load_all || ktap_exit_fail_msg "cannot load the modules"
 
 ktap_print_header
-ktap_set_plan 8
+ktap_set_plan 9
 _nvmeof_gpu_read_test tcp
 ktap_finished

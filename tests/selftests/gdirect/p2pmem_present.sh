@@ -26,7 +26,7 @@ _test "the CMB of $nvme0 is P2P memory of ${GDIRECT_NVME0_CMB_MB} MiB" \
 	_expect_eq "p2pmem size" $((GDIRECT_NVME0_CMB_MB << 20)) "$(cat "$cmb/size" 2>/dev/null)"
 _test "the CMB is published for other drivers" _expect_eq published 1 "$(cat "$cmb/published" 2>/dev/null)"
 _test "the kernel logged the CMB's registration" \
-	sh -c "dmesg | grep -q '$nvme0: added peer-to-peer DMA memory'"
+	sh -c "cat '${GDIRECT_BOOT_LOG:-/dev/null}' | grep -q '$nvme0: added peer-to-peer DMA memory'"
 _test "the NVMe on the other root port has no P2P memory" test ! -e "/sys/bus/pci/devices/$nvme1/p2pmem"
 
 _test "the emulated GPU's BAR2 is ${GDIRECT_GPU_BAR_MB} MiB" \

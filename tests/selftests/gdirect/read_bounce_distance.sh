@@ -16,15 +16,19 @@ _load_all || ktap_exit_fail_msg "cannot load the modules"
 dev=$(_nvme_ns_by_serial "$GDIRECT_NVME1_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME1_SERIAL"
 
 ktap_print_header
-ktap_set_plan 7
+ktap_set_plan 8
 
 bounced_before=$(_stat bounce read bounce_bytes)
-_test "8 MiB read into GPU memory" _gd_read "$dev" --mem gpu --len 8M
+_dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
+_test "8 MiB read into GPU memory" _gd_read "$dev" --mem gpu --offset 8M --len 8M
+_dma_since
+_test "QEMU saw the NVMe DMA all 8 MiB into guest RAM, none into the GPU's BAR" \
+	_expect_eq "bar ram" "0 8388608" "$DMA_BAR_READ $DMA_RAM_READ"
 _test "the path is bounce, for distance" _expect_eq path "bounce distance" "$(_rj .path) $(_rj .reason)"
 _test "all 8 MiB went through host memory" _expect_eq bounce_bytes 8388608 "$(_rj .bounce_bytes)"
 _test "the stats count them as bounced" _expect_eq "bounced" $((bounced_before + 8388608)) "$(_stat bounce read bounce_bytes)"
 _test "the host's /dev/shm holds the drive image's bytes" \
-	_host_compare "gpu:$(_rj .memory.bar_offset)" nvme1:0 8388608
+	_host_compare "gpu:$(_rj .memory.bar_offset)" nvme1:8388608 8388608
 forced() {
 	_gd_read "$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL")" --mem gpu --len 4M --force-bounce &&
 		_expect_eq path "bounce forced" "$(_rj .path) $(_rj .reason)" &&

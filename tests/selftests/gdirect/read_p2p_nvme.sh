@@ -4,7 +4,9 @@
 # A read from the NVMe under the switch into the emulated GPU goes peer to
 # peer: the path is p2p, the stats count every byte on the P2P path and none
 # through host memory, and the host finds in its /dev/shm file exactly the
-# bytes it wrote into the drive image before boot.
+# bytes it wrote into the drive image before boot. Where the DMA went is QEMU's
+# word, not the module's: the host's trace of the emulated NVMe shows all 16 MiB
+# mapped inside the emulated GPU's BAR and none in guest RAM.
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 
@@ -16,11 +18,15 @@ _load_all || ktap_exit_fail_msg "cannot load the modules"
 dev=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
 
 ktap_print_header
-ktap_set_plan 7
+ktap_set_plan 8
 
 p2p_before=$(_stat p2p read bytes)
 bounce_before=$(( $(_stat bounce read bounce_bytes) + $(_stat p2p read bounce_bytes) ))
+_dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
 _test "16 MiB read into GPU memory" _gd_read "$dev" --mem gpu --offset 4M --len 16M
+_dma_since
+_test "QEMU saw the NVMe DMA all 16 MiB into the GPU's BAR, none into guest RAM" \
+	_expect_eq "bar ram" "16777216 0" "$DMA_BAR_READ $DMA_RAM_READ"
 _test "all 16 MiB arrived" _expect_eq bytes 16777216 "$(_rj .bytes)"
 _test "the path is p2p, with no reason to bounce" _expect_eq path "p2p none" "$(_rj .path) $(_rj .reason)"
 _test "no byte went through host memory" _expect_eq bounce_bytes 0 "$(_rj .bounce_bytes)"

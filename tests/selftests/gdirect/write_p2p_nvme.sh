@@ -4,7 +4,8 @@
 # A write from GPU memory to the NVMe under the switch goes peer to peer. The
 # GPU memory is filled with bytes the host knows (a region of the other drive's
 # image), written to the raw namespace at 200 MiB, and the host compares the
-# drive image with its own bytes: now, and again after shutdown.
+# drive image with its own bytes: now, and again after shutdown. QEMU's trace of
+# the emulated NVMe shows it read all 4 MiB from the GPU's BAR, none from RAM.
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 
@@ -19,16 +20,20 @@ MiB=1048576
 at=$((200 * MiB))
 
 ktap_print_header
-ktap_set_plan 6
+ktap_set_plan 7
 
 dd if="$src" of=/tmp/write-src bs=1M count=4 iflag=direct 2>/dev/null
 written_before=$(_stat p2p write bytes)
+_dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
 out=$(gdirect write "$dst" --from /tmp/write-src --mem gpu --offset 200M --json)
 rc=$?
+_dma_since
 ktap_print_msg "$(echo "$out" | jq -c '{bytes,path,reason,bounce_bytes}')"
 _test "4 MiB written from GPU memory to the NVMe" _expect_eq "exit bytes" "0 $((4 * MiB))" "$rc $(echo "$out" | jq .bytes)"
 _test "peer to peer, nothing through host memory" \
 	_expect_eq path "p2p none 0" "$(echo "$out" | jq -r '"\(.path) \(.reason) \(.bounce_bytes)"')"
+_test "QEMU saw the NVMe read all 4 MiB from the GPU's BAR, none from guest RAM" \
+	_expect_eq "bar ram" "$((4 * MiB)) 0" "$DMA_BAR_WRITE $DMA_RAM_WRITE"
 _test "the stats count the write on the P2P path" \
 	_expect_eq "p2p write bytes" $((written_before + 4 * MiB)) "$(_stat p2p write bytes)"
 _test "the drive image holds the bytes (host check)" _host_compare "nvme0:$at" nvme1:0 $((4 * MiB))

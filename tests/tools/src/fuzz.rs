@@ -15,7 +15,11 @@
 //! All memory the module may write to (registered buffers, query and completion arrays) lies
 //! in the scratch arena, so the fuzzer cannot corrupt itself whatever the module is told.
 //!
-//! Usage: gdirect-fuzz [--seed N] [--calls N] [--threads N] [--device PATH]
+//! `--checked` runs the deterministic mode instead (one thread, an expected result for every
+//! call, data checked; see `fuzz_checked.rs`): the same seed makes the same calls, and the
+//! digest it prints must be the same.
+//!
+//! Usage: gdirect-fuzz [--checked] [--seed N] [--calls N] [--threads N] [--device PATH]
 //!                     [--read-file PATH] [--rw-file PATH]
 //!        (gdirect-fuzz --foreign-helper DEVICE is the helper child, run by the fuzzer itself)
 //! Prints the seed first, a histogram of outcomes per command last.
@@ -38,6 +42,9 @@ use std::{
 
 use gdirect::{egpu::Egpu, raw, Driver};
 use nix::libc;
+
+#[path = "fuzz_checked.rs"]
+mod checked;
 
 /// SplitMix64.
 struct Rng(u64);
@@ -715,6 +722,25 @@ fn main() -> ExitCode {
         foreign.handles.len(),
         if foreign.gpu.is_some() { "yes" } else { "no" }
     );
+    if args.iter().any(|a| a == "--checked") {
+        let ok = checked::run(
+            seed,
+            calls,
+            &device,
+            &arg(&args, "--read-file").unwrap_or_default(),
+            &arg(&args, "--rw-file").unwrap_or_default(),
+            Some(foreign),
+        );
+        if let Ok(c) = helper.as_mut() {
+            drop(c.stdin.take());
+            let _ = c.wait();
+        }
+        return if ok && leftovers_ok(&device) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
     let world = World {
         device: device.clone(),
         mem,
@@ -776,22 +802,30 @@ fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
-    let info = Driver::open_path(&device).and_then(|d| d.info());
-    match info {
+    if leftovers_ok(&device) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Once every descriptor is closed, nothing may stay registered or pinned.
+fn leftovers_ok(device: &str) -> bool {
+    match Driver::open_path(device).and_then(|d| d.info()) {
         Ok(i) if i.registrations == 0 && i.pinned_bytes == 0 => {
             println!("gdirect-fuzz: afterwards 0 registrations, 0 pinned bytes: ok");
-            ExitCode::SUCCESS
+            true
         }
         Ok(i) => {
             println!(
                 "gdirect-fuzz: LEAK: {} registrations, {} pinned bytes after every descriptor closed",
                 i.registrations, i.pinned_bytes
             );
-            ExitCode::FAILURE
+            false
         }
         Err(e) => {
             println!("gdirect-fuzz: the module does not answer afterwards: {e}");
-            ExitCode::FAILURE
+            false
         }
     }
 }

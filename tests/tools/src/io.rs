@@ -11,6 +11,9 @@
 //!   errors DEV                    each bad transfer's errno, one `case=ERRNO` line each
 //!   revoke DEV [COUNT]            free GPU memory while COUNT (default 128, at most 128) 1 MiB
 //!                                 reads into it are in flight
+//!   revoke-latency DEV MIB        one synchronous MIB MiB read of DEV into GPU memory, freed
+//!                                 0.3 s after it started: how long the free took, and whether
+//!                                 the read was still running when the free returned
 //!   inflight DEV COUNT            COUNT batched 1 MiB reads into GPU memory, all reaped: how many
 //!                                 completed and with which errno, and how long it took
 //!   faults COUNT SEED DEV         COUNT random reads of DEV into GPU memory (synchronous or in
@@ -37,6 +40,19 @@
 //!                                 memory, P2P or bounced at random, with the GPU memory freed
 //!                                 (revoked) and registered again underneath; every byte of
 //!                                 every read compared with a snapshot or the thread's shadow
+//!   readmem KIND DEV OFFSET LEN   one synchronous read of LEN bytes of DEV at OFFSET into memory
+//!                                 of KIND (host, egpu, p2pmem:BDF), poisoned first; prints the
+//!                                 transfer and the sha256 of the bytes in memory (for a host
+//!                                 check of memory the host cannot see)
+//!   batchwrite DEV OFFSET COUNT SEED
+//!                                 COUNT 1 MiB writes from emulated GPU memory filled with the
+//!                                 pattern of SEED to DEV at OFFSET, in one batch (every fourth
+//!                                 forced through the bounce path); each completion must be
+//!                                 whole; prints the sha256 of the bytes written and of the
+//!                                 bytes read back from DEV
+//!   fiemap FILE                   the file's extents as its file system maps them (FIEMAP,
+//!                                 synced first): one `logical physical length flags` line each,
+//!                                 in bytes, so that the host can find the data in a drive image
 //! Exit status: 0 when every check passed, 1 when one failed, 2 on a usage or setup error.
 
 use std::{
@@ -77,6 +93,10 @@ fn main() -> ExitCode {
             Ok(count @ 1..=128) => revoke(&args[1], count),
             _ => return usage(),
         },
+        Some("revoke-latency") if args.len() == 3 => match args[2].parse() {
+            Ok(mib @ 1..=256) => revoke_latency(&args[1], mib),
+            _ => return usage(),
+        },
         Some("inflight") if args.len() == 3 => match args[2].parse() {
             Ok(count) => inflight(&args[1], count),
             _ => return usage(),
@@ -93,6 +113,19 @@ fn main() -> ExitCode {
             Ok(count) => allocfail(count, &args[2]),
             _ => return usage(),
         },
+        Some("readmem") if args.len() == 5 => match (args[3].parse(), args[4].parse()) {
+            (Ok(offset), Ok(len)) => readmem(&args[1], &args[2], offset, len),
+            _ => return usage(),
+        },
+        Some("batchwrite") if args.len() == 5 => {
+            match (args[2].parse(), args[3].parse(), args[4].parse()) {
+                (Ok(offset), Ok(count @ 1..=256), Ok(seed)) => {
+                    batchwrite(&args[1], offset, count, seed)
+                }
+                _ => return usage(),
+            }
+        }
+        Some("fiemap") if args.len() == 2 => fiemap(&args[1]),
         Some("module-range") if args.len() == 2 => {
             return match module_text_range(&args[1]) {
                 Some((start, end)) => {
@@ -142,6 +175,187 @@ impl Rng {
     }
 }
 
+/// `struct fiemap` (linux/fiemap.h) with room for `N` extents.
+#[repr(C)]
+struct Fiemap<const N: usize> {
+    start: u64,
+    length: u64,
+    flags: u32,
+    mapped_extents: u32,
+    extent_count: u32,
+    reserved: u32,
+    extents: [FiemapExtent; N],
+}
+
+/// `struct fiemap_extent`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct FiemapExtent {
+    logical: u64,
+    physical: u64,
+    length: u64,
+    reserved64: [u64; 2],
+    flags: u32,
+    reserved: [u32; 3],
+}
+
+const _: () = assert!(std::mem::size_of::<FiemapExtent>() == 56);
+const _: () = assert!(std::mem::size_of::<Fiemap<0>>() == 32);
+nix::ioctl_readwrite_bad!(fs_ioc_fiemap, 0xC020_660B, Fiemap<64>);
+
+fn fiemap(path: &str) -> gdirect::Result<()> {
+    const FIEMAP_FLAG_SYNC: u32 = 1;
+    let f = StdFile::open(path).map_err(|e| Error::OpenFile {
+        path: path.into(),
+        errno: Errno::from_raw(e.raw_os_error().unwrap_or(5)),
+    })?;
+    let mut map = Fiemap::<64> {
+        start: 0,
+        length: u64::MAX,
+        flags: FIEMAP_FLAG_SYNC,
+        mapped_extents: 0,
+        extent_count: 64,
+        reserved: 0,
+        extents: [FiemapExtent::default(); 64],
+    };
+    // SAFETY: `map` is a `struct fiemap` with room for the 64 extents its `extent_count` says,
+    // valid for the whole call; the fd is open.
+    unsafe { fs_ioc_fiemap(f.as_raw_fd(), &mut map) }.map_err(|errno| Error::Io {
+        ioctl: "FS_IOC_FIEMAP",
+        path: path.into(),
+        errno,
+        driver: "".into(),
+    })?;
+    for e in &map.extents[..(map.mapped_extents as usize).min(64)] {
+        println!("{} {} {} {:#x}", e.logical, e.physical, e.length, e.flags);
+    }
+    Ok(())
+}
+
+/// `len` bytes of the xorshift64* stream of `seed`.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut rng = Rng(seed | 1);
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        out.extend_from_slice(&rng.next().to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn print_transfer(t: &gdirect::Transfer) {
+    println!(
+        "bytes={} path={} reason={} bounce_bytes={}",
+        t.bytes,
+        t.path.name(),
+        t.reason.name(),
+        t.bounce_bytes
+    );
+}
+
+fn readmem(kind: &str, dev: &str, offset: u64, len: u64) -> gdirect::Result<()> {
+    let driver = Driver::open()?;
+    let file = File::open_direct(dev)?;
+    let n = len as usize;
+    let poison = pattern(0xdead_beef, n);
+    let mut got = vec![0u8; n];
+    match kind.split_once(':') {
+        None if kind == "host" => {
+            let mut mem = gdirect::HostBuffer::new(n)?;
+            mem.as_mut_slice().copy_from_slice(&poison);
+            let reg = driver.register(&mem)?;
+            print_transfer(&file.read_into(&reg, 0, offset, len)?);
+            drop(reg);
+            got.copy_from_slice(mem.as_slice());
+        }
+        None if kind == "egpu" => {
+            let mut mem = Egpu::open()?.alloc(len.div_ceil(1 << 16) << 16)?;
+            mem.write(0, &poison)?;
+            let reg = driver.register(&mem)?;
+            print_transfer(&file.read_into(&reg, 0, offset, len)?);
+            drop(reg);
+            mem.read(0, &mut got)?;
+        }
+        Some(("p2pmem", bdf)) => {
+            let dev = bdf.parse().map_err(|_| Error::Allocation {
+                what: format!("P2P memory of '{bdf}'"),
+                errno: Errno::EINVAL,
+            })?;
+            let mut mem = gdirect::P2pMem::allocate(dev, n)?;
+            mem.write(0, &poison);
+            let reg = driver.register(&mem)?;
+            print_transfer(&file.read_into(&reg, 0, offset, len)?);
+            drop(reg);
+            mem.read(0, &mut got);
+        }
+        _ => {
+            return Err(Error::Allocation {
+                what: format!("memory of kind '{kind}'"),
+                errno: Errno::EINVAL,
+            })
+        }
+    }
+    println!("sha256={}", sha256_hex(&got));
+    Ok(())
+}
+
+fn batchwrite(dev: &str, offset: u64, count: u64, seed: u64) -> gdirect::Result<()> {
+    const LEN: u64 = 1 << 20;
+    let driver = Driver::open()?;
+    let mut mem = Egpu::open()?.alloc(count * LEN)?;
+    let data = pattern(seed, (count * LEN) as usize);
+    mem.write(0, &data)?;
+    let reg = driver.register(&mem)?;
+    let file = File::open_direct_rw(dev)?;
+    let mut b = Batch::new();
+    for i in 0..count {
+        let options = IoOptions::new().force_bounce(i % 4 == 3);
+        b.write_with(&file, &reg, i * LEN, offset + i * LEN, LEN, i, options);
+    }
+    let (mut submitted, mut reaped) = (0, 0);
+    let (mut p2p, mut bounce, mut bounce_bytes) = (0u64, 0u64, 0u64);
+    while reaped < b.len() {
+        if submitted < b.len() {
+            submitted += driver.submit(&b, submitted)?;
+        }
+        for c in driver.reap(b.len(), true)? {
+            reaped += 1;
+            match c.result {
+                Ok(t) => {
+                    check("a whole write", t.bytes == LEN, || {
+                        format!("write {} moved {} bytes", c.user_data, t.bytes)
+                    });
+                    match t.path {
+                        IoPath::P2p => p2p += 1,
+                        _ => bounce += 1,
+                    }
+                    bounce_bytes += t.bounce_bytes;
+                }
+                Err(e) => check("every write completes", false, || {
+                    format!("write {} failed: {e:?}", c.user_data)
+                }),
+            }
+        }
+    }
+    drop(reg);
+    let back = buffered(dev, offset, (count * LEN) as usize)?;
+    check("the device holds what was written", back == data, || {
+        "the bytes read back differ".into()
+    });
+    println!("writes={reaped} p2p={p2p} bounce={bounce} bounce_bytes={bounce_bytes}");
+    println!("sha256_written={}", sha256_hex(&data));
+    println!("sha256_read_back={}", sha256_hex(&back));
+    Ok(())
+}
+
 /// `len` bytes of `dev` at `offset`, read through the page cache (the reference).
 fn buffered(dev: &str, offset: u64, len: usize) -> gdirect::Result<Vec<u8>> {
     let err = |e: std::io::Error| Error::OpenFile {
@@ -180,8 +394,15 @@ fn random(count: u64, seed: u64, devs: &[String]) -> gdirect::Result<()> {
     println!("seed={seed}");
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
-    let alloc = gpu.alloc(BUF)?;
-    let reg = driver.register(&alloc)?;
+    let mut alloc = gpu.alloc(BUF)?;
+    // By range, so that the CPU can poison the allocation while it is registered.
+    let reg = driver.register_range(
+        gdirect::Provider::Nvidia,
+        alloc.va(),
+        BUF,
+        gdirect::RegisterOptions::new(),
+    )?;
+    let poison = pattern(seed ^ 0xa5a5, BUF as usize);
     let files: Vec<(File, u64, &String)> = devs
         .iter()
         .map(|d| Ok((File::open_direct(d)?, size_of(d)?, d)))
@@ -200,6 +421,9 @@ fn random(count: u64, seed: u64, devs: &[String]) -> gdirect::Result<()> {
             rng.below((size - len) / SECTOR + 1) * SECTOR
         };
         let bounce_it = rng.below(4) == 0;
+        // Poisoned first: bytes the read did not deliver cannot pass for data.
+        let span = buf_offset as usize..(buf_offset + len) as usize;
+        alloc.write(buf_offset, &poison[span])?;
         let t = file.read_into_with(
             &reg,
             buf_offset,
@@ -524,12 +748,67 @@ fn inflight(dev: &str, count: u64) -> gdirect::Result<()> {
     Ok(())
 }
 
+/// A free while one long synchronous read into the memory runs: with the revocation fence held
+/// per bounded chunk, the free returns after the chunk in flight and the read fails with
+/// EKEYREVOKED; a fence held for the whole transfer would make the free wait for all of it.
+fn revoke_latency(dev: &str, mib: u64) -> gdirect::Result<()> {
+    use std::time::Instant;
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let len = mib << 20;
+    let alloc = gpu.alloc(len)?;
+    let va = alloc.va();
+    let reg = driver.register(&alloc)?;
+    let file = File::open_direct(dev)?;
+    let start = Instant::now();
+    let (read, free_ms, free_end) = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let r = file.read_into(&reg, 0, 0, len);
+            (r, start.elapsed())
+        });
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let t = Instant::now();
+        let freed = gpu.free_va(va);
+        let free_ms = t.elapsed().as_millis();
+        let free_end = start.elapsed();
+        check(
+            "free",
+            freed.as_ref().is_ok_and(|r| r.callbacks == 1),
+            || format!("{freed:?}"),
+        );
+        (reader.join(), free_ms, free_end)
+    });
+    let Ok((read, read_end)) = read else {
+        check("read thread", false, || "panicked".into());
+        return Ok(());
+    };
+    let revoked = matches!(read, Err(Error::Revoked { .. }));
+    println!(
+        "read_mib={mib} free_ms={free_ms} read_ms={} free_returned_before_read_ended={} read_revoked={revoked}",
+        read_end.as_millis(),
+        free_end < read_end
+    );
+    check(
+        "the read stopped at the revocation (EKEYREVOKED)",
+        revoked,
+        || format!("{read:?}"),
+    );
+    drop(reg);
+    Ok(())
+}
+
 fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
     const LEN: u64 = 1 << 20;
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
-    let alloc = gpu.alloc(count * LEN)?;
+    let mut alloc = gpu.alloc(count * LEN)?;
     let (va, bar_offset) = (alloc.va(), alloc.bar_offset());
+    // Poisoned, so that a read that did not land cannot pass for one that did.
+    let poison = vec![0xa5u8; LEN as usize];
+    for i in 0..count {
+        alloc.write(i * LEN, &poison)?;
+    }
+    let reference = buffered(dev, 0, 16 * LEN as usize)?;
     let reg = driver.register(&alloc)?;
     let file = File::open_direct(dev)?;
     let mut b = Batch::new();
@@ -545,16 +824,30 @@ fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
         submitted += queued;
     }
     // Free while the reads are in flight: the free returns once no read can touch the memory.
+    // How many were in flight is the module's debugfs counter, read just before.
+    let in_flight = active_transfers();
     let report = gpu.free_va(va)?;
     // The allocation's bytes must not change from here on.
     let snapshot = bar_bytes(&gpu, bar_offset, count * LEN)?;
     let (mut ok, mut revoked, mut other) = (0, 0, 0);
+    let mut mismatches = 0;
     let mut reaped = 0;
     while reaped < submitted {
         for c in driver.reap(count as usize, true)? {
             reaped += 1;
             match c.result {
-                Ok(t) if t.bytes == LEN => ok += 1,
+                Ok(t) if t.bytes == LEN => {
+                    ok += 1;
+                    // A read that completed did so before the free returned: its bytes are
+                    // in the snapshot.
+                    let i = c.user_data;
+                    let got = &snapshot[(i * LEN) as usize..((i + 1) * LEN) as usize];
+                    let src = ((i % 16) * LEN) as usize;
+                    if reference.get(src..src + LEN as usize) != Some(got) {
+                        mismatches += 1;
+                        println!("completed read {i} holds other bytes than the drive's");
+                    }
+                }
                 Err(Errno::EKEYREVOKED) => revoked += 1,
                 r => {
                     other += 1;
@@ -569,6 +862,7 @@ fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
         report.callbacks
     );
     println!("unchanged_after_revocation={}", snapshot == after);
+    println!("data_checked={ok} data_mismatches={mismatches} in_flight_at_free={in_flight}");
     let query_after = reg.query(gdirect::PciAddress {
         domain: 0,
         bus: 0,
@@ -590,6 +884,18 @@ fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
         info.registrations, info.pinned_bytes
     );
     Ok(())
+}
+
+/// The module's transfers in flight now (debugfs `active_transfers`; 0 when unreadable).
+fn active_transfers() -> u64 {
+    std::fs::read_to_string("/sys/kernel/debug/gdirect/counters")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("active_transfers "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// The bytes of BAR2 at `[offset, offset + len)`, read through a fresh allocation-free mapping.

@@ -8,6 +8,7 @@
 //!   hex           print the bytes in hex (for small ranges)
 //!   fill SEED     write a pseudo-random pattern derived from SEED, then print its sha256
 //!   pattern SEED  print the sha256 `fill SEED` would produce, without mapping anything
+//!   flip POS      invert the byte at POS (from OFFSET) in place, print its old and new value
 //! OFFSET and LEN accept decimal or 0x hex; OFFSET must be page-aligned.
 //! Exit status: 0 on success, 1 on a mapping error, 2 on a usage error.
 
@@ -42,7 +43,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn usage() -> ExitCode {
-    eprintln!("usage: gdirect-mmap FILE OFFSET LEN sha256|hex|fill SEED|pattern SEED");
+    eprintln!("usage: gdirect-mmap FILE OFFSET LEN sha256|hex|fill SEED|pattern SEED|flip POS");
     ExitCode::from(2)
 }
 
@@ -64,8 +65,11 @@ fn main() -> ExitCode {
         println!("{}", hex(&Sha256::digest(pattern(seed, len))));
         return ExitCode::SUCCESS;
     }
-    let write = action == "fill";
-    if !matches!(action, "sha256" | "hex" | "fill") || (write && seed.is_none()) {
+    let write = matches!(action, "fill" | "flip");
+    if !matches!(action, "sha256" | "hex" | "fill" | "flip") || (write && seed.is_none()) {
+        return usage();
+    }
+    if action == "flip" && seed.is_none_or(|pos| pos >= len as u64) {
         return usage();
     }
     match map_and_run(&args[0], offset, len, write, seed.unwrap_or(0), action) {
@@ -104,7 +108,15 @@ fn map_and_run(
     let base = unsafe { mmap(None, size, prot, MapFlags::MAP_SHARED, file.as_fd(), offset) }
         .map_err(|e| format!("mmap: {e}"))?;
     let ptr = base.as_ptr().cast::<u8>();
-    let out = if write {
+    let out = if action == "flip" {
+        // `seed` is the position here, checked against `len` by the caller.
+        let at = seed as usize;
+        // SAFETY: `at < len`, inside the writable mapping. Volatile: device memory.
+        let old = unsafe { ptr.add(at).read_volatile() };
+        // SAFETY: as above.
+        unsafe { ptr.add(at).write_volatile(!old) };
+        format!("{old:02x} -> {:02x}", !old)
+    } else if write {
         let data = pattern(seed, len);
         for (i, b) in data.iter().enumerate() {
             // SAFETY: `i < len`, inside the writable mapping. Volatile: device memory.

@@ -13,6 +13,13 @@
 //!   stress THREADS CYCLES PEER     register/query/unregister loops on host and egpu memory
 //!   egpu-info                      the emulated GPU's allocations, mappings and callbacks
 //!   revoke-race ROUNDS PEER        free GPU memory while another thread queries and unregisters it
+//!   put-race ROUNDS PEER DEV       each interleaving of the registration's end (put_pages) with
+//!                                  the free callback, forced with the emulated GPU's delay knob
+//!   callback-locked ROUNDS PEER DEV  queries, reads of DEV, unregisters and closes while a free
+//!                                  holds the GPU driver's lock and runs the free callback
+//!   nopages                        REGISTER of GPU memory without struct pages (egpu nopages=1)
+//!   query-stall PEER               a QUERY whose output buffer faults (userfaultfd, not served)
+//!                                  while the memory is freed: the free must not wait for it
 //! Exit status: 0 when every check passed, 1 when one failed, 2 on a usage or setup error.
 
 use std::{
@@ -26,8 +33,8 @@ use std::{
 
 use gdirect::{
     egpu::{Egpu, PAGE_SIZE as EGPU_PAGE},
-    raw, DeviceMemory, Driver, Errno, Error, HostBuffer, MapType, P2pMem, PciAddress, Provider,
-    RegisterOptions,
+    raw, Batch, DeviceMemory, Driver, Errno, Error, HostBuffer, MapType, P2pMem, PciAddress,
+    Provider, RegisterOptions,
 };
 
 /// Failed checks so far.
@@ -74,6 +81,19 @@ fn main() -> ExitCode {
         (Some("egpu-info"), _) => egpu_info(),
         (Some("revoke-race"), _) => match (num(1), peer(2)) {
             (Some(rounds), Some(p)) => revoke_race(rounds, p),
+            _ => return usage(),
+        },
+        (Some("put-race"), _) => match (num(1), peer(2), arg(3)) {
+            (Some(rounds), Some(p), Some(dev)) => put_race(rounds, p, dev),
+            _ => return usage(),
+        },
+        (Some("callback-locked"), _) => match (num(1), peer(2), arg(3)) {
+            (Some(rounds), Some(p), Some(dev)) => callback_locked(rounds, p, dev),
+            _ => return usage(),
+        },
+        (Some("nopages"), _) => nopages(),
+        (Some("query-stall"), _) => match peer(1) {
+            Some(p) => query_stall(p),
             _ => return usage(),
         },
         (Some("revoke"), persistent) => match peer(1) {
@@ -458,6 +478,432 @@ fn revoke_race(rounds: u64, peer: PciAddress) -> gdirect::Result<()> {
         info.registrations, info.pinned_bytes
     );
     Ok(())
+}
+
+/// How long a free holds the GPU driver's lock before it runs the callbacks, and how long after
+/// the free started the other side acts: well inside that window even on the debug kernel.
+const WINDOW: Duration = Duration::from_millis(60);
+const INTO_WINDOW: Duration = Duration::from_millis(15);
+
+/// A query or a read racing a free: it worked, or the memory was revoked first.
+fn allowed(what: &str, r: gdirect::Result<()>) {
+    match r {
+        Ok(()) | Err(Error::Revoked { .. }) => {}
+        Err(e) => check(what, false, || e.to_string()),
+    }
+}
+
+/// Each way the end of a registration (which puts the pages back) can meet the free callback:
+/// mode 0 puts first; 1 unregisters while a free holds the driver's lock before the callback
+/// (put_pages blocks, then finds the table unlinked and returns 0); 2 unregisters after the
+/// callback; 3 closes the file in the window of 1; 4 frees while a read holds a use of the pages;
+/// 5 unregisters while a batched read holds the last reference, which then ends on a kernel
+/// worker, where nvidia.ko's put_pages finds nothing (so the pages stay with the driver until
+/// the free, whose callback must clean up).
+/// Every round checks the callback count the free reports; the totals check that the window was
+/// hit and that nothing stays registered or mapped.
+fn put_race(rounds: u64, peer: PciAddress, dev: &str) -> gdirect::Result<()> {
+    let gpu = Egpu::open()?;
+    let file = gdirect::File::open_direct(dev)?;
+    let before = gpu.info()?;
+    let mut by_mode = [0u64; 6];
+    let orphaned_before = debugfs_counter("orphaned");
+    for round in 0..rounds {
+        let mode = (round % 6) as usize;
+        let driver = Driver::open()?;
+        let alloc = gpu.alloc(16 * EGPU_PAGE)?;
+        let va = alloc.va();
+        let reg = driver.register(&alloc)?;
+        allowed("query before the free", reg.query(peer).map(|_| ()));
+        let mut expect_callbacks = if mode == 0 { 0 } else { 1 };
+        let report = match mode {
+            0 => {
+                let r = reg.unregister();
+                check("unregister before the free", r.is_ok(), || format!("{r:?}"));
+                gpu.free_va(va)
+            }
+            1 | 3 => {
+                let g = gpu.clone();
+                let freer = std::thread::spawn(move || g.free_va_delayed(va, WINDOW));
+                std::thread::sleep(INTO_WINDOW);
+                if mode == 1 {
+                    let r = reg.unregister();
+                    check("unregister in the window", r.is_ok(), || format!("{r:?}"));
+                } else {
+                    // Left to the close of the file, which ends it.
+                    std::mem::forget(reg);
+                    drop(driver);
+                }
+                freer
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p))
+            }
+            2 => {
+                let r = gpu.free_va(va);
+                let u = reg.unregister();
+                check("unregister after the callback", u.is_ok(), || {
+                    format!("{u:?}")
+                });
+                r
+            }
+            5 => {
+                let mut b = Batch::new();
+                b.read(&file, &reg, 0, 0, 16 * EGPU_PAGE, round);
+                let queued = driver.submit(&b, 0)?;
+                check("the batched read is queued", queued == 1, || {
+                    format!("{queued}")
+                });
+                let u = reg.unregister();
+                check("unregister under a batched read", u.is_ok(), || {
+                    format!("{u:?}")
+                });
+                let done = driver.reap(1, true)?;
+                check("the batched read completes", done.len() == 1, || {
+                    format!("{done:?}")
+                });
+                // The worker drops the last reference right after it posts the completion.
+                std::thread::sleep(Duration::from_millis(20));
+                // If the read was over before the UNREGISTER (the throttle lets bursts through),
+                // the registration ended here and put its pages: then no callback is due.
+                expect_callbacks = gpu.info()?.mappings;
+                gpu.free_va(va)
+            }
+            _ => {
+                let r = std::thread::scope(|s| {
+                    let reader = s.spawn(|| {
+                        allowed(
+                            "read racing the free",
+                            file.read_into(&reg, 0, 0, 16 * EGPU_PAGE).map(|_| ()),
+                        )
+                    });
+                    std::thread::sleep(Duration::from_millis(1));
+                    let r = gpu.free_va(va);
+                    let _ = reader.join();
+                    r
+                });
+                let u = reg.unregister();
+                check("unregister after a revoked read", u.is_ok(), || {
+                    format!("{u:?}")
+                });
+                r
+            }
+        };
+        match report {
+            Ok(r) => check(
+                "callbacks the free ran",
+                r.callbacks == expect_callbacks,
+                || {
+                    format!(
+                        "round {round} mode {mode}: {} (expected {expect_callbacks})",
+                        r.callbacks
+                    )
+                },
+            ),
+            Err(e) => check("free", false, || format!("round {round} mode {mode}: {e}")),
+        }
+        by_mode[mode] += 1;
+        drop(alloc);
+    }
+    let after = gpu.info()?;
+    let unlinked = after.puts_unlinked - before.puts_unlinked;
+    let window_rounds = by_mode[1] + by_mode[3];
+    let orphaned = debugfs_counter("orphaned") - orphaned_before;
+    let foreign = after.puts_foreign - before.puts_foreign;
+    println!(
+        "rounds={rounds} put_first={} put_in_window={} put_after={} close_in_window={} free_under_read={} ended_on_worker={}",
+        by_mode[0], by_mode[1], by_mode[2], by_mode[3], by_mode[4], by_mode[5]
+    );
+    println!(
+        "puts_unlinked={unlinked} puts_foreign={foreign} orphaned={orphaned} callbacks={}",
+        after.callbacks - before.callbacks
+    );
+    check(
+        "no put_pages from a process that cannot put",
+        foreign == 0,
+        || format!("{foreign} put_pages calls that put nothing"),
+    );
+    check(
+        "registrations ended on a worker were left to the driver",
+        orphaned * 2 >= by_mode[5],
+        || format!("{orphaned} of {} rounds", by_mode[5]),
+    );
+    // Each round of the window should have put its pages while the free held the lock; a very
+    // slow machine may miss a few.
+    check(
+        "put_pages met an unlinked table in the window",
+        unlinked * 2 >= window_rounds,
+        || format!("{unlinked} of {window_rounds} rounds"),
+    );
+    let driver = Driver::open()?;
+    let info = driver.info()?;
+    println!(
+        "registrations={} pinned_bytes={} egpu_mappings={}",
+        info.registrations, info.pinned_bytes, after.mappings
+    );
+    Ok(())
+}
+
+/// A free holds the GPU driver's lock and runs the free callback under it (as `cudaFree` does
+/// in nvidia.ko) while other threads query the registration for the first time, read into it,
+/// and unregister or close it. Any nv-p2p call made while holding what the callback waits for
+/// deadlocks here (the test's time limit catches it), and lockdep reports the inversion.
+fn callback_locked(rounds: u64, peer: PciAddress, dev: &str) -> gdirect::Result<()> {
+    let gpu = Egpu::open()?;
+    let file = gdirect::File::open_direct(dev)?;
+    let before = gpu.info()?;
+    for round in 0..rounds {
+        let driver = Driver::open()?;
+        let alloc = gpu.alloc(16 * EGPU_PAGE)?;
+        let va = alloc.va();
+        let reg = driver.register(&alloc)?;
+        let g = gpu.clone();
+        // Every other free runs on a kernel worker: the callback runs in a kworker.
+        let freer = std::thread::spawn(move || {
+            if round % 4 < 2 {
+                g.free_va_delayed(va, WINDOW)
+            } else {
+                g.free_va_from_worker(va, WINDOW)
+            }
+        });
+        std::thread::sleep(INTO_WINDOW);
+        std::thread::scope(|s| {
+            let reader = s.spawn(|| {
+                allowed(
+                    "read under the driver's lock",
+                    file.read_into(&reg, 0, 0, 16 * EGPU_PAGE).map(|_| ()),
+                )
+            });
+            // The first query of this peer makes its addresses while the free holds the lock.
+            allowed("query under the driver's lock", reg.query(peer).map(|_| ()));
+            let _ = reader.join();
+        });
+        if round % 2 == 0 {
+            let r = reg.unregister();
+            check("unregister", r.is_ok(), || format!("{r:?}"));
+        } else {
+            // Left to the close of the file, which ends it.
+            std::mem::forget(reg);
+            drop(driver);
+        }
+        let report = freer
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        match report {
+            Ok(r) => check("the free ran one callback", r.callbacks == 1, || {
+                format!("round {round}: {}", r.callbacks)
+            }),
+            Err(e) => check("free", false, || format!("round {round}: {e}")),
+        }
+        drop(alloc);
+    }
+    let after = gpu.info()?;
+    let info = Driver::open()?.info()?;
+    println!(
+        "rounds={rounds} callbacks={} registrations={} pinned_bytes={} egpu_mappings={}",
+        after.callbacks - before.callbacks,
+        info.registrations,
+        info.pinned_bytes,
+        after.mappings
+    );
+    Ok(())
+}
+
+/// GPU memory without `struct page`s (the emulated GPU loaded with `nopages=1`, as BAR1 outside
+/// NVIDIA's P2PDMA mode): REGISTER refuses it with its own errno, plain and persistent alike,
+/// and puts the pages back at once.
+fn nopages() -> gdirect::Result<()> {
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let alloc = gpu.alloc(16 * EGPU_PAGE)?;
+    for persistent in [false, true] {
+        let r = driver.register_with(&alloc, RegisterOptions::new().persistent(persistent));
+        let got = match &r {
+            Ok(_) => "OK".to_string(),
+            Err(e) => e
+                .errno()
+                .map_or_else(|| e.to_string(), |e| format!("{e:?}")),
+        };
+        println!("register_persistent_{persistent}={got}");
+        if let Err(e) = &r {
+            println!("message: {e}");
+        }
+        check(
+            "REGISTER refused with no_struct_pages",
+            matches!(r, Err(Error::NoStructPages { .. })),
+            || got.clone(),
+        );
+        let info = gpu.info()?;
+        check(
+            "the GPU driver holds no page table after the refusal",
+            info.mappings == 0,
+            || format!("{} mappings", info.mappings),
+        );
+    }
+    // The memory itself is fine: the CPU reaches it through the BAR.
+    let info = driver.info()?;
+    println!(
+        "registrations={} pinned_bytes={}",
+        info.registrations, info.pinned_bytes
+    );
+    Ok(())
+}
+
+/// `struct uffdio_api` (`linux/userfaultfd.h`).
+#[repr(C)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+/// `struct uffdio_range`.
+#[repr(C)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+/// `struct uffdio_register`.
+#[repr(C)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+/// `struct uffdio_zeropage`.
+#[repr(C)]
+struct UffdioZeropage {
+    range: UffdioRange,
+    mode: u64,
+    zeropage: i64,
+}
+nix::ioctl_readwrite!(uffdio_api, 0xAA, 0x3F, UffdioApi);
+nix::ioctl_readwrite!(uffdio_register, 0xAA, 0x00, UffdioRegister);
+nix::ioctl_readwrite!(uffdio_zeropage, 0xAA, 0x04, UffdioZeropage);
+
+/// A QUERY writes its addresses into a buffer whose page faults into a userfaultfd that nobody
+/// serves yet, as a FUSE- or userfaultfd-backed buffer of a stalled process would; meanwhile the
+/// GPU memory is freed. The free (whose callback waits for what the QUERY holds) must finish while
+/// the QUERY is still stuck in its copy; then the fault is served and the QUERY ends.
+fn query_stall(peer: PciAddress) -> gdirect::Result<()> {
+    use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
+    use std::{os::fd::FromRawFd, sync::mpsc};
+    let fail = |what: &'static str| {
+        move |errno: Errno| Error::Allocation {
+            what: what.into(),
+            errno,
+        }
+    };
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let alloc = gpu.alloc(16 * EGPU_PAGE)?;
+    let va = alloc.va();
+    let reg = driver.register(&alloc)?;
+    let len = std::num::NonZeroUsize::new(4096).ok_or(fail("a page")(Errno::EINVAL))?;
+    // SAFETY: a fresh private anonymous mapping, used only through `out` below.
+    let region = unsafe {
+        mmap_anonymous(
+            None,
+            len,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_PRIVATE,
+        )
+    }
+    .map_err(fail("an anonymous page"))?;
+    // SAFETY: plain system call; a valid fd on success.
+    let raw = unsafe { nix::libc::syscall(nix::libc::SYS_userfaultfd, nix::libc::O_CLOEXEC) };
+    if raw < 0 {
+        return Err(fail("a userfaultfd")(Errno::last()));
+    }
+    // SAFETY: the fd was just created and is owned by nothing else.
+    let uffd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+    let mut api = UffdioApi {
+        api: 0xAA,
+        features: 0,
+        ioctls: 0,
+    };
+    // SAFETY: valid fd and struct.
+    unsafe { uffdio_api(uffd.as_raw_fd(), &mut api) }.map_err(fail("UFFDIO_API"))?;
+    let range = || UffdioRange {
+        start: region.as_ptr() as u64,
+        len: 4096,
+    };
+    let mut r = UffdioRegister {
+        range: range(),
+        mode: 1, // UFFDIO_REGISTER_MODE_MISSING
+        ioctls: 0,
+    };
+    // SAFETY: valid fd and struct; the range is our own mapping.
+    unsafe { uffdio_register(uffd.as_raw_fd(), &mut r) }.map_err(fail("UFFDIO_REGISTER"))?;
+    // SAFETY: the page is mapped, readable and writable, and only written through this slice
+    // (by the kernel's copy, which faults into the userfaultfd first).
+    let out: &mut [u64] = unsafe { std::slice::from_raw_parts_mut(region.as_ptr().cast(), 16) };
+    let (free_tx, free_rx) = mpsc::channel();
+    let outcome = std::thread::scope(|s| {
+        let query = s.spawn(|| reg.query_pages(peer, 0, out).map(|(_, n, _)| n));
+        // The QUERY is now in its copy to the page, waiting for the fault to be served.
+        let mut msg = [0u8; 32];
+        let faulted = nix::unistd::read(&uffd, &mut msg).is_ok_and(|n| n == 32);
+        check(
+            "the QUERY's copy faults into the userfaultfd",
+            faulted,
+            String::new,
+        );
+        let g = gpu.clone();
+        std::thread::spawn(move || {
+            let _ = free_tx.send(g.free_va(va));
+        });
+        let freed = free_rx.recv_timeout(Duration::from_secs(30));
+        println!("free_done_while_query_stalled={}", freed.is_ok());
+        check(
+            "the free finished while the QUERY was stalled",
+            freed.is_ok(),
+            || "the free waited 30 s for the QUERY's page fault".into(),
+        );
+        match &freed {
+            Ok(Ok(r)) => check("the free ran the callback", r.callbacks == 1, || {
+                format!("{} callbacks", r.callbacks)
+            }),
+            Ok(Err(e)) => check("free", false, || e.to_string()),
+            Err(_) => {}
+        }
+        let mut z = UffdioZeropage {
+            range: range(),
+            mode: 0,
+            zeropage: 0,
+        };
+        // SAFETY: valid fd and struct; serves the fault the QUERY waits on.
+        let served = unsafe { uffdio_zeropage(uffd.as_raw_fd(), &mut z) };
+        check("the fault is served", served.is_ok(), || {
+            format!("{served:?}")
+        });
+        if freed.is_err() {
+            let _ = free_rx.recv();
+        }
+        query
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    });
+    match outcome {
+        Ok(n) => println!("query_entries={n}"),
+        Err(Error::Revoked { .. }) => println!("query_entries=revoked"),
+        Err(e) => check("the stalled QUERY ends", false, || e.to_string()),
+    }
+    let u = reg.unregister();
+    check("unregister", u.is_ok(), || format!("{u:?}"));
+    Ok(())
+}
+
+/// A counter of the module's debugfs `counters` file (0 when absent).
+fn debugfs_counter(name: &str) -> u64 {
+    std::fs::read_to_string("/sys/kernel/debug/gdirect/counters")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|v| v.strip_prefix(' '))
+                    .and_then(|v| v.trim().parse().ok())
+            })
+        })
+        .unwrap_or(0)
 }
 
 fn egpu_info() -> gdirect::Result<()> {

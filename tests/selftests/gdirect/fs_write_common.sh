@@ -1,0 +1,78 @@
+# SPDX-License-Identifier: GPL-2.0
+#
+# The body of write_ext4.sh and write_xfs.sh: sourced after gdirect_common.sh
+# with FS set to ext4 or xfs. Formats a namespace of the switch NVMe and writes
+# 4 MiB from GPU memory (bytes the host knows: a region of the other drive) into
+# three kinds of file: an empty one the write extends, a preallocated one
+# (unwritten extents) and a sparse one (a hole). Each write is checked three
+# ways: its report (bytes, path), the file read back in the guest, and the host,
+# which finds the file's extents (FIEMAP, the file system's own map) in its
+# image of the namespace and compares them with its image of the other drive.
+
+mnt=/mnt/gdirect-w-$FS
+cleanup() {
+	umount "$mnt" 2>/dev/null
+	rm -f /tmp/fs-write-src
+	_unload_all
+}
+trap cleanup EXIT
+
+_require_root
+_fs_setup "$FS" gdirect gdirect-io jq fallocate
+fsdev=$FS_DEV nsid=$_fs_nsid
+_load_all || ktap_exit_fail_msg "cannot load the modules"
+src_dev=$(_nvme_ns_by_serial "$GDIRECT_NVME1_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME1_SERIAL"
+MiB=1048576
+# The source: 4 MiB of nvme1 at 24 MiB (or 28 MiB for xfs), as the host wrote them.
+src_at=$((24 * MiB))
+[ "$FS" = xfs ] && src_at=$((28 * MiB))
+
+ktap_print_header
+ktap_set_plan 14
+
+_test "$FS made on $fsdev and mounted" _fs_make "$FS" "$fsdev" "$mnt"
+dd if="$src_dev" of=/tmp/fs-write-src bs=1M skip=$((src_at / MiB)) count=4 iflag=direct 2>/dev/null
+
+# The host compares each extent of FILE within [OFF, OFF + 4 MiB) with the source.
+# Usage: host_extents FILE OFF
+host_extents() {
+	ext=$(gdirect-io fiemap "$1") || return 1
+	[ -n "$ext" ] || { ktap_print_msg "$1 has no extents"; return 1; }
+	covered=0
+	echo "$ext" | {
+		while read -r logical physical length flags; do
+			start=$logical end=$((logical + length))
+			[ $start -lt "$2" ] && start=$2
+			[ $end -gt $(($2 + 4 * MiB)) ] && end=$(($2 + 4 * MiB))
+			[ $start -lt $end ] || continue
+			_host_compare "nvme0ns$nsid:$((physical + start - logical))" "nvme1:$((src_at + start - $2))" $((end - start)) || exit 1
+			covered=$((covered + end - start))
+		done
+		_expect_eq "bytes covered by extents" $((4 * MiB)) "$covered"
+	}
+}
+
+# Usage: case NAME FILE OFFSET: write, then check the report, the guest's and the host's view.
+write_case() {
+	out=$(gdirect write "$2" --from /tmp/fs-write-src --mem gpu --offset "$3" --json)
+	rc=$?
+	ktap_print_msg "$1: $(echo "$out" | jq -c '{bytes,path,reason,bounce_bytes}' 2>/dev/null)"
+	_test "$1: 4 MiB written from GPU memory, peer to peer" \
+		_expect_eq "exit bytes path" "0 $((4 * MiB)) p2p" "$rc $(echo "$out" | jq -r '"\(.bytes) \(.path)"')"
+	readback() { dd if="$2" bs=1M skip=$(($3 / MiB)) count=4 iflag=direct 2>/dev/null | cmp - /tmp/fs-write-src; }
+	_test "$1: the guest reads the bytes back" readback "$1" "$2" "$3"
+	_test "$1: the host finds them where $FS put them (FIEMAP)" host_extents "$2" "$3"
+}
+
+touch "$mnt/extending"
+write_case extending "$mnt/extending" 0
+_test "extending: the file grew to 4 MiB" _expect_eq size $((4 * MiB)) "$(stat -c %s "$mnt/extending")"
+
+_test "preallocated: 8 MiB allocated, unwritten" fallocate -l $((8 * MiB)) "$mnt/prealloc"
+write_case preallocated "$mnt/prealloc" $((2 * MiB))
+
+truncate -s $((16 * MiB)) "$mnt/sparse"
+write_case sparse "$mnt/sparse" $((8 * MiB))
+hole() { [ "$(stat -c %b "$mnt/sparse")" -le $((5 * MiB / 512)) ]; }
+_test "sparse: only the written 4 MiB are allocated ($(stat -c %b "$mnt/sparse") blocks of 512)" hole
+_test "the file system unmounts cleanly" umount "$mnt"

@@ -1,0 +1,39 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# Host memory as a read destination (the host provider): 8 MiB of the NVMe
+# under the switch read into a poisoned, registered host buffer. The path is
+# host, nothing bounces, QEMU's trace shows the NVMe DMA all 8 MiB into guest
+# RAM and none into the GPU's BAR, and the host confirms the sha256 of the
+# buffer's bytes against its own drive image (it cannot see guest RAM itself).
+
+. "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+
+trap _unload_all EXIT
+
+_require_root
+_require_cmd gdirect-io jq
+_load_all || ktap_exit_fail_msg "cannot load the modules"
+dev=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
+M=1048576
+at=$((112 * M + 64 * 1024))
+
+ktap_print_header
+ktap_set_plan 5
+
+_dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
+out=$(gdirect-io readmem host "$dev" "$at" $((8 * M)) 2>&1)
+rc=$?
+ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
+_dma_since
+_test "8 MiB read into a registered host buffer" _expect_eq "exit bytes" "0 $((8 * M))" "$rc $(_kv "$out" bytes)"
+_test "the path is host, nothing through the bounce pool" \
+	_expect_eq "path bounce_bytes" "host 0" "$(_kv "$out" path) $(_kv "$out" bounce_bytes)"
+_test "QEMU saw the NVMe DMA all 8 MiB into guest RAM, none into the GPU's BAR" \
+	_expect_eq "ram bar" "$((8 * M)) 0" "$DMA_RAM_READ $DMA_BAR_READ"
+_test "the buffer holds the drive image's bytes (sha256 checked by the host)" \
+	_host_sha256 "nvme0:$at" $((8 * M)) "$(_kv "$out" sha256)"
+_test "nothing stays registered or pinned" \
+	_expect_eq counters "0 0" "$(_info .counters.registrations) $(_info .counters.pinned_bytes)"
+
+ktap_finished
