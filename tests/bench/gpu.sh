@@ -16,8 +16,10 @@
 #   --out           where results.jsonl goes (default $OUT, or ./bench-out)
 #
 # Needs: target/release/gdirect (cargo build --release -p gdirect-cli), python3 with cupy,
-# and KvikIO (kvikio-cu13, libkvikio-cu13, rapids-logger) importable. The table:
-# tests/bench/gpu_table.py OUT/results.jsonl. Run as root, cold runs also drop all caches.
+# and KvikIO (kvikio-cu13, libkvikio-cu13, rapids-logger) importable. The tables:
+# scripts/benchmarks --print-gpu OUT/results.jsonl; to publish a full run, copy its
+# results.jsonl to tests/bench/results/h200.jsonl and run scripts/benchmarks.
+# Run as root: cold runs also drop all caches.
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -42,10 +44,24 @@ file=$dir/gdirect-bench-$size.bin
 
 say() { printf '%s  %s\n' "$(date +%T)" "$*"; }
 
-say "machine: $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r)"
-nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader
-python3 -c 'import kvikio, cupy; print("kvikio", kvikio.__version__, "cupy", cupy.__version__)' || exit 1
+machine="$(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), transparent huge pages $(sed 's/.*\[\(.*\)\].*/\1/' /sys/kernel/mm/transparent_hugepage/enabled)"
+gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader | head -n 1)
+versions=$(python3 -c 'import kvikio, cupy; print("KvikIO", kvikio.__version__ + ", CuPy", cupy.__version__)') || exit 1
+say "machine: $machine"
+say "GPU: $gpu"
+say "$versions"
 df -h "$dir" | tail -1
+# The run's first line says what ran where (scripts/benchmarks puts it in BENCHMARKS.md).
+# The device copy of the tree has no .git: the caller passes the commit in GDIRECT_COMMIT.
+python3 - "$plan" "$size" "$machine" "$gpu" "$versions" "$(df -T "$dir" | awk 'NR == 2 {print $2}')" \
+	"${GDIRECT_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}" >>"$results" <<-'EOF'
+	import datetime, json, sys
+	plan, size, machine, gpu, versions, fs, commit = sys.argv[1:]
+	print(json.dumps({"meta": {
+	    "command": f"tests/bench/gpu.sh --plan {plan} --size {size}",
+	    "commit": commit, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+	    "machine": machine, "gpu": gpu, "versions": versions, "file": f"{size} of random bytes on {fs}"}}))
+	EOF
 
 if [ ! -s "$file" ]; then
 	say "making $file ($size of random bytes)"
@@ -73,9 +89,13 @@ run() {
 		echo "{\"label\": \"$label\", \"failed\": true}" >>"$results"
 		return 1
 	fi
-	python3 - "$label" "$json" >>"$results" <<-'EOF'
+	python3 - "$label" "$json" "$*" >>"$results" <<-'EOF'
 		import json, sys
 		r = json.loads(sys.argv[2]); r["label"] = sys.argv[1]
+		# The command as a reader would type it (gd and kv are this script's shorthands).
+		cmd = sys.argv[3].split(" ", 1)
+		tool = {"gd": "gdirect bench FILE", "kv": "kvikio_bench.py FILE"}.get(cmd[0], cmd[0])
+		r["command"] = " ".join([tool] + cmd[1:])
 		r.pop("runs_detail", None)
 		print(json.dumps(r))
 	EOF
