@@ -55,6 +55,8 @@
 //!                                 in bytes, so that the host can find the data in a drive image
 //! Exit status: 0 when every check passed, 1 when one failed, 2 on a usage or setup error.
 
+mod debugfs;
+
 use std::{
     fs::File as StdFile,
     io::{Read, Seek, SeekFrom},
@@ -825,10 +827,10 @@ fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
     }
     // Free while the reads are in flight: the free returns once no read can touch the memory.
     // How many were in flight is the module's debugfs counter, read just before.
-    let in_flight = active_transfers();
+    let in_flight = debugfs::counter("active_transfers")?;
     let report = gpu.free_va(va)?;
     // The allocation's bytes must not change from here on.
-    let snapshot = bar_bytes(&gpu, bar_offset, count * LEN)?;
+    let snapshot = bar_bytes(bar_offset, count * LEN)?;
     let (mut ok, mut revoked, mut other) = (0, 0, 0);
     let mut mismatches = 0;
     let mut reaped = 0;
@@ -856,7 +858,7 @@ fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
             }
         }
     }
-    let after = bar_bytes(&gpu, bar_offset, count * LEN)?;
+    let after = bar_bytes(bar_offset, count * LEN)?;
     println!(
         "submitted={submitted} completed_ok={ok} revoked={revoked} other={other} callbacks={}",
         report.callbacks
@@ -886,21 +888,8 @@ fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
     Ok(())
 }
 
-/// The module's transfers in flight now (debugfs `active_transfers`; 0 when unreadable).
-fn active_transfers() -> u64 {
-    std::fs::read_to_string("/sys/kernel/debug/gdirect/counters")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("active_transfers "))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// The bytes of BAR2 at `[offset, offset + len)`, read through a fresh allocation-free mapping.
-fn bar_bytes(gpu: &std::sync::Arc<Egpu>, offset: u64, len: u64) -> gdirect::Result<Vec<u8>> {
-    let _ = gpu;
+fn bar_bytes(offset: u64, len: u64) -> gdirect::Result<Vec<u8>> {
     let path = gdirect::egpu::sysfs_device()?.join("resource2");
     let err = |e: std::io::Error| Error::OpenFile {
         path: path.clone(),

@@ -22,6 +22,8 @@
 //!                                  while the memory is freed: the free must not wait for it
 //! Exit status: 0 when every check passed, 1 when one failed, 2 on a usage or setup error.
 
+mod debugfs;
+
 use std::{
     fs::File,
     io::{Read, Seek, SeekFrom},
@@ -507,7 +509,7 @@ fn put_race(rounds: u64, peer: PciAddress, dev: &str) -> gdirect::Result<()> {
     let file = gdirect::File::open_direct(dev)?;
     let before = gpu.info()?;
     let mut by_mode = [0u64; 6];
-    let orphaned_before = debugfs_counter("orphaned");
+    let orphaned_before = debugfs::counter("orphaned")?;
     for round in 0..rounds {
         let mode = (round % 6) as usize;
         let driver = Driver::open()?;
@@ -607,7 +609,7 @@ fn put_race(rounds: u64, peer: PciAddress, dev: &str) -> gdirect::Result<()> {
     let after = gpu.info()?;
     let unlinked = after.puts_unlinked - before.puts_unlinked;
     let window_rounds = by_mode[1] + by_mode[3];
-    let orphaned = debugfs_counter("orphaned") - orphaned_before;
+    let orphaned = debugfs::counter("orphaned")? - orphaned_before;
     let foreign = after.puts_foreign - before.puts_foreign;
     println!(
         "rounds={rounds} put_first={} put_in_window={} put_after={} close_in_window={} free_under_read={} ended_on_worker={}",
@@ -890,20 +892,6 @@ fn query_stall(peer: PciAddress) -> gdirect::Result<()> {
     let u = reg.unregister();
     check("unregister", u.is_ok(), || format!("{u:?}"));
     Ok(())
-}
-
-/// A counter of the module's debugfs `counters` file (0 when absent).
-fn debugfs_counter(name: &str) -> u64 {
-    std::fs::read_to_string("/sys/kernel/debug/gdirect/counters")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix(name)
-                    .and_then(|v| v.strip_prefix(' '))
-                    .and_then(|v| v.trim().parse().ok())
-            })
-        })
-        .unwrap_or(0)
 }
 
 fn egpu_info() -> gdirect::Result<()> {
