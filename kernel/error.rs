@@ -50,3 +50,9 @@ pub(crate) fn not_direct() -> Error {
 pub(crate) fn no_struct_pages() -> Error {
     errno(bindings::EMEDIUMTYPE)
 }
+
+/// `EUNATCH` (QUERY): no driver of this kernel drives the peer (none is bound, or a VFIO driver
+/// hands its DMA to a userspace program), so no addresses are made for it.
+pub(crate) fn peer_not_kernel_driven() -> Error {
+    errno(bindings::EUNATCH)
+}

@@ -410,8 +410,15 @@ impl GdirectFile {
         if args.flags != 0 || args.reserved.iter().any(|&r| r != 0) {
             return Err(EINVAL);
         }
-        let reg = self.lookup(args.handle)?;
         let peer = peer_device(args.peer_domain, args.peer_bdf)?;
+        require_kernel_driver(&peer)?;
+        // Addresses (bus addresses, or physical ones where the IOMMU passes DMA through) are
+        // for the administrator, as /proc/self/pagemap's are; anyone may ask for the map type.
+        // SAFETY: `capable` only reads the current task's credentials.
+        if args.max_entries != 0 && !unsafe { bindings::capable(bindings::CAP_SYS_ADMIN as i32) } {
+            return Err(EACCES);
+        }
+        let reg = self.lookup(args.handle)?;
         // Copied out of the registration first: nothing that a revocation waits for is held
         // while the user's buffer is written (it may fault, or be served by userfaultfd).
         let (map_type, addrs) = reg.peer_addrs(&peer, args.first_page, args.max_entries)?;
@@ -574,7 +581,6 @@ fn get_stats(user: UserSlice) -> Result<isize> {
     Ok(0)
 }
 
-/// The PCI device `domain:bus:devfn`, with a reference; `ENODEV` if there is none.
 /// `GDIRECT_IOC_PEER_CHECK`.
 fn peer_check(user: UserSlice) -> Result<isize> {
     let (mut reader, mut writer) = user.reader_writer();
@@ -591,6 +597,7 @@ fn peer_check(user: UserSlice) -> Result<isize> {
     Ok(0)
 }
 
+/// The PCI device `domain:bus:devfn`, with a reference; `ENODEV` if there is none.
 fn peer_device(domain: u32, bdf: u32) -> Result<ARef<pci::Device>> {
     if bdf > 0xffff {
         return Err(ENODEV);
@@ -600,4 +607,44 @@ fn peer_device(domain: u32, bdf: u32) -> Result<ARef<pci::Device>> {
     let dev = core::ptr::NonNull::new(dev).ok_or(ENODEV)?;
     // SAFETY: `pci::Device` is a transparent wrapper of `pci_dev`; we own the reference.
     Ok(unsafe { ARef::from_raw(dev.cast()) })
+}
+
+// `struct device` crosses as `void *` (see `topology.rs`).
+unsafe extern "C" {
+    /// `device_lock_interruptible()` and `device_unlock()` (inline in C; `shim.c`).
+    fn gdirect_device_lock_interruptible(dev: *mut core::ffi::c_void) -> i32;
+    fn gdirect_device_unlock(dev: *mut core::ffi::c_void);
+}
+
+/// Refuses (`EUNATCH`) a peer that no driver of this kernel drives: none is bound, or a VFIO
+/// driver is (`vfio-pci` and its variants, whose names all hold "vfio"), which hands the
+/// device's DMA to a userspace program. Addresses of the caller's memory are made only for a
+/// device whose DMA the kernel controls: a vfio-owned device lives in a userspace program's
+/// IOMMU domain, and a device with no driver has no use for them. `EINTR` when a signal
+/// interrupts the wait for the device's lock.
+fn require_kernel_driver(peer: &pci::Device) -> Result {
+    // SAFETY: `raw_pci` gives a valid `pci_dev`, whose `dev` is its `struct device`.
+    let dev = unsafe { core::ptr::addr_of_mut!((*topology::raw_pci(peer)).dev) };
+    // SAFETY: `dev` is a valid device, kept alive by the caller's reference.
+    if unsafe { gdirect_device_lock_interruptible(dev.cast()) } != 0 {
+        return Err(EINTR);
+    }
+    // SAFETY: under the device lock the bound driver cannot change, and a bound driver (with
+    // its name) stays registered while it is bound.
+    let driven = unsafe {
+        let drv = (*dev).driver;
+        !drv.is_null()
+            && !(*drv).name.is_null()
+            && !kernel::str::CStr::from_char_ptr((*drv).name)
+                .to_bytes()
+                .windows(4)
+                .any(|w| w == b"vfio")
+    };
+    // SAFETY: locked just above, by this thread.
+    unsafe { gdirect_device_unlock(dev.cast()) };
+    if driven {
+        Ok(())
+    } else {
+        Err(error::peer_not_kernel_driven())
+    }
 }

@@ -423,9 +423,9 @@ impl Registration {
         let mut mapping = PeerMapping {
             peer: peer.clone(),
             map_type: map_type.map_or(uapi::MAP_HOST_MEMORY, uapi_map_type),
-            // Room for every address first: each one mapped is then in `mapping`, whose drop
-            // undoes them if a later one fails.
-            addrs: KVVec::with_capacity(n, GFP_KERNEL)?,
+            // Room for every address first (charged to the caller's memory cgroup): each one
+            // mapped is then in `mapping`, whose drop undoes them if a later one fails.
+            addrs: KVVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?,
             kind: match map_type {
                 None => PeerKind::HostPages,
                 Some(MapType::ThruHostBridge) => PeerKind::Resource,

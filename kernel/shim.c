@@ -115,3 +115,17 @@ struct workqueue_struct *gdirect_alloc_workqueue(const char *name, int max_activ
 {
 	return alloc_workqueue("%s", WQ_UNBOUND, max_active, name);
 }
+
+/* dev: struct device */
+int gdirect_device_lock_interruptible(void *dev);
+int gdirect_device_lock_interruptible(void *dev)
+{
+	return device_lock_interruptible(dev);
+}
+
+/* dev: struct device */
+void gdirect_device_unlock(void *dev);
+void gdirect_device_unlock(void *dev)
+{
+	device_unlock(dev);
+}

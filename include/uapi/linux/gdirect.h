@@ -154,6 +154,15 @@ struct gdirect_info_args {
  *                  UNREGISTER still works on it. (Not ENOLINK, which the block
  *                  layer returns for transport errors of a transfer.)
  *  ENODEV          QUERY: no PCI device at that address.
+ *  EUNATCH         QUERY: no driver of this kernel drives the peer: none is
+ *                  bound, or a VFIO driver is (its DMA belongs to a userspace
+ *                  program). No mapping is made for such a peer.
+ *  EACCES          QUERY: addresses asked for (max_entries > 0) without
+ *                  CAP_SYS_ADMIN. They are bus addresses, or physical ones
+ *                  where the IOMMU passes DMA through, which the kernel shows
+ *                  only to the administrator (as /proc/self/pagemap does).
+ *                  Anyone with the device open may ask for the map type and
+ *                  the counts (max_entries = 0).
  *  ENOMEM          out of memory; or, for the host provider, pinning len more
  *                  bytes would take the caller past RLIMIT_MEMLOCK (host pages
  *                  count in the process's pinned_vm, as RDMA registrations do;
@@ -226,6 +235,11 @@ enum gdirect_map_type {
  * addrs, entries = min(max_entries, page_count - first_page); call again with
  * a larger first_page for more. max_entries = 0 only reports the map type and
  * the counts. No addresses are written for GDIRECT_MAP_NOT_SUPPORTED.
+ *
+ * Who sees what: addresses need CAP_SYS_ADMIN (EACCES otherwise); the map type
+ * and the counts need only the open device. The peer must be driven by a
+ * driver of this kernel (EUNATCH otherwise). The address table made for a peer
+ * is charged to the caller's memory cgroup.
  */
 struct gdirect_query_args {
 	/* in */

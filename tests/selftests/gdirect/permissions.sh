@@ -25,9 +25,9 @@ _require_root
 _require_cmd gdirect gdirect-perm jq
 _load_all || ktap_exit_fail_msg "cannot load the modules"
 ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
-grep -q '^gduser:' /etc/passwd || echo 'gduser:x:1000:1000:gduser:/:/bin/sh' >>/etc/passwd
-grep -q '^gdirect:' /etc/group || echo 'gdirect:x:990:gduser' >>/etc/group
-grep -q '^gduser:' /etc/group || echo 'gduser:x:1000:' >>/etc/group
+grep -qs '^gduser:' /etc/passwd || echo 'gduser:x:1000:1000:gduser:/:/bin/sh' >>/etc/passwd
+grep -qs '^gdirect:' /etc/group || echo 'gdirect:x:990:gduser' >>/etc/group
+grep -qs '^gduser:' /etc/group || echo 'gduser:x:1000:' >>/etc/group
 as_user() { su gduser -s /bin/sh -c "$*"; }
 kv() { echo "$1" | sed -n "s/^$2=\([^ ]*\).*/\1/p" | head -n 1; }
 

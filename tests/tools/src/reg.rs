@@ -20,6 +20,8 @@
 //!   nopages                        REGISTER of GPU memory without struct pages (egpu nopages=1)
 //!   query-stall PEER               a QUERY whose output buffer faults (userfaultfd, not served)
 //!                                  while the memory is freed: the free must not wait for it
+//!   query-privilege PEER UNDRIVEN  QUERY of a host registration as the caller is: addresses,
+//!                                  the map type alone, and a peer no driver drives
 //! Exit status: 0 when every check passed, 1 when one failed, 2 on a usage or setup error.
 
 mod debugfs;
@@ -96,6 +98,10 @@ fn main() -> ExitCode {
         (Some("nopages"), _) => nopages(),
         (Some("query-stall"), _) => match peer(1) {
             Some(p) => query_stall(p),
+            _ => return usage(),
+        },
+        (Some("query-privilege"), _) => match (peer(1), peer(2)) {
+            (Some(p), Some(u)) => query_privilege(p, u),
             _ => return usage(),
         },
         (Some("revoke"), persistent) => match peer(1) {
@@ -891,6 +897,55 @@ fn query_stall(peer: PciAddress) -> gdirect::Result<()> {
     }
     let u = reg.unregister();
     check("unregister", u.is_ok(), || format!("{u:?}"));
+    Ok(())
+}
+
+/// QUERY of a 16 KiB host registration, as the caller is (root or not): `addrs=` the addresses
+/// for PEER (`max_entries` > 0), `map_type_only=` the map type alone (`max_entries` = 0),
+/// `undriven=` the addresses for a peer that no kernel driver drives; each `OK` or the errno.
+/// `map_type=` and `pagemap_matches=` say what the caller saw: the script compares them between
+/// root and a user.
+fn query_privilege(peer: PciAddress, undriven: PciAddress) -> gdirect::Result<()> {
+    let fd = open_dev()?;
+    let mut buf = HostBuffer::new(16 << 10)?;
+    buf.as_mut_slice().fill(0x5a);
+    let (r, handle) = register_raw(&fd, Provider::Host.id(), buf.device_address(), 16 << 10, 0);
+    if r != "OK" {
+        println!("register={r}");
+        return Ok(());
+    }
+    let mut addrs = [0u64; 4];
+    let mut query = |p: PciAddress, max_entries: u32| {
+        let mut q = raw::gdirect_query_args {
+            handle,
+            peer_domain: p.domain,
+            peer_bdf: p.bdf(),
+            addrs: addrs.as_mut_ptr() as u64,
+            max_entries,
+            ..Default::default()
+        };
+        (raw_ioctl(&fd, raw::GDIRECT_IOC_QUERY, &mut q), q)
+    };
+    let (r, q) = query(peer, 4);
+    println!("addrs={r} entries={}", q.entries);
+    let (r, q) = query(peer, 0);
+    println!(
+        "map_type_only={r} map_type={} entries={}",
+        q.map_type, q.entries
+    );
+    let (r, _) = query(undriven, 4);
+    println!("undriven={r}");
+    let (r, _) = query(undriven, 0);
+    println!("undriven_map_type_only={r}");
+    // What the addresses were, where the caller got any: the pages' physical addresses
+    // (the rig has no IOMMU), as /proc/self/pagemap tells root.
+    let matches = (0..4)
+        .filter(|&i| {
+            addrs[i] != 0
+                && pagemap_phys(buf.device_address() + i as u64 * 4096).is_ok_and(|p| p == addrs[i])
+        })
+        .count();
+    println!("pagemap_matches={matches}");
     Ok(())
 }
 

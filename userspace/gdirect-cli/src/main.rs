@@ -6,7 +6,7 @@ use std::{io::IsTerminal, path::PathBuf, process::ExitCode, time::Instant};
 use clap::{Parser, Subcommand};
 use gdirect::{
     egpu::Egpu, DeviceMemory, Driver, Errno, Error, File, HostBuffer, Info, IoOptions, IoPath,
-    P2pMem, PciAddress, Provider, Reason, RegisterOptions, Transfer, Transport,
+    P2pMem, PciAddress, PeerMap, Provider, Reason, RegisterOptions, Transfer, Transport,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -39,6 +39,10 @@ enum Command {
     },
     /// Register memory and show how PCI devices reach it: the map type and the address each
     /// device would use for every page.
+    ///
+    /// The addresses need CAP_SYS_ADMIN; without it the map types are shown and the addresses
+    /// are not (JSON: "addresses_hidden": true). A peer that no driver of the kernel drives (no
+    /// driver bound, or vfio) is refused.
     ///
     /// Exit status: 0 on success, 1 on any error.
     Query {
@@ -387,6 +391,8 @@ fn error_kind(err: &Error) -> &'static str {
         Error::ProviderUnavailable { .. } => "provider_unavailable",
         Error::Revoked { .. } => "revoked",
         Error::NoSuchPeer { .. } => "no_such_peer",
+        Error::PeerNotKernelDriven { .. } => "peer_not_kernel_driven",
+        Error::AddressesNeedAdmin { .. } => "addresses_need_admin",
         Error::NotDirect { .. } => "not_direct",
         Error::BadFile { .. } => "bad_file",
         Error::IoMisaligned { .. } => "io_misaligned",
@@ -510,6 +516,8 @@ struct PeerJson {
 #[derive(Serialize)]
 struct QueryJson {
     provider: &'static str,
+    /// The addresses need CAP_SYS_ADMIN: `addrs` are empty, the map types are real.
+    addresses_hidden: bool,
     address: u64,
     len: u64,
     page_size: u64,
@@ -648,8 +656,22 @@ fn query(
         .json(json)?;
     let mut results = Vec::new();
     let mut owner = None;
+    // Without CAP_SYS_ADMIN the module tells the map type but not the addresses.
+    let mut hidden = false;
     for peer in peers {
-        let map = reg.query(*peer).json(json)?;
+        let map = match reg.query(*peer) {
+            Err(Error::AddressesNeedAdmin { .. }) => {
+                hidden = true;
+                let (map_type, owner) = reg.map_type(*peer).json(json)?;
+                PeerMap {
+                    map_type,
+                    page_size: reg.page_size(),
+                    addrs: Vec::new(),
+                    owner,
+                }
+            }
+            other => other.json(json)?,
+        };
         owner = map.owner;
         results.push((*peer, map));
     }
@@ -661,6 +683,7 @@ fn query(
             page_size: reg.page_size(),
             page_count: reg.page_count(),
             owner: owner.map(|o| o.to_string()),
+            addresses_hidden: hidden,
             peers: results
                 .into_iter()
                 .map(|(peer, map)| PeerJson {
@@ -706,6 +729,9 @@ fn query(
             },
             more
         );
+    }
+    if hidden {
+        println!("addresses not shown: they need CAP_SYS_ADMIN (the map types do not)");
     }
     Ok(())
 }

@@ -160,6 +160,24 @@ pub enum Error {
         peer: crate::PciAddress,
     },
 
+    /// No driver of this kernel drives the peer (none is bound, or a VFIO driver hands its DMA
+    /// to a userspace program): the module makes no addresses for it.
+    #[error("{peer} is not driven by a driver of this kernel (no driver bound, or vfio): no addresses are made for it")]
+    PeerNotKernelDriven {
+        /// The address given.
+        peer: crate::PciAddress,
+    },
+
+    /// Peer addresses were asked for without `CAP_SYS_ADMIN`; the map type needs no privilege
+    /// ([`crate::Registration::map_type`]).
+    #[error(
+        "the addresses of registered memory for {peer} need CAP_SYS_ADMIN (the map type does not)"
+    )]
+    AddressesNeedAdmin {
+        /// The peer asked about.
+        peer: crate::PciAddress,
+    },
+
     /// A file could not be opened for transfers.
     #[error("cannot open {path} with O_DIRECT: {errno}")]
     OpenFile {
@@ -325,6 +343,8 @@ impl Error {
             Self::ProviderUnavailable { .. } => Some(Errno::EOPNOTSUPP),
             Self::Revoked { .. } => Some(Errno::EKEYREVOKED),
             Self::NoSuchPeer { .. } => Some(Errno::ENODEV),
+            Self::PeerNotKernelDriven { .. } => Some(Errno::EUNATCH),
+            Self::AddressesNeedAdmin { .. } => Some(Errno::EACCES),
             Self::ModuleNotLoaded { .. }
             | Self::VersionMismatch { .. }
             | Self::DeviceMissing { .. } => None,

@@ -252,6 +252,13 @@ impl<'a> Registration<'a> {
         })
     }
 
+    /// How `peer` reaches the memory, and the device that owns it, without the addresses:
+    /// what a caller without `CAP_SYS_ADMIN` may know (`GDIRECT_IOC_QUERY` with no entries).
+    pub fn map_type(&self, peer: PciAddress) -> Result<(MapType, Option<PciAddress>)> {
+        let (map_type, _, owner) = self.query_pages(peer, 0, &mut [])?;
+        Ok((map_type, owner))
+    }
+
     /// One page of [`Registration::query`]: the addresses of pages `first..` into `out`;
     /// returns the map type, how many were written and the owner device.
     pub fn query_pages(
@@ -273,6 +280,8 @@ impl<'a> Registration<'a> {
         // module writes at most that many and keeps no pointer.
         unsafe { sys::query(self.driver.as_raw_fd(), &mut args) }.map_err(|errno| match errno {
             Errno::ENODEV => Error::NoSuchPeer { peer },
+            Errno::EUNATCH => Error::PeerNotKernelDriven { peer },
+            Errno::EACCES => Error::AddressesNeedAdmin { peer },
             Errno::EKEYREVOKED => Error::Revoked {
                 handle: self.handle,
             },
