@@ -241,7 +241,7 @@ impl Backend for CudaBackend {
             .map_err(|e| cuda_err("synchronizing the destination's stream", e))
     }
 
-    fn register(&self, ptr: *const u8, len: usize) -> Result<()> {
+    unsafe fn register(&self, ptr: *const u8, len: usize) -> Result<()> {
         self.enter_thread()?;
         // SAFETY: `ptr..ptr+len` is a page-aligned range of a live read-only file mapping the
         // engine holds until it unregisters it; READ_ONLY matches its protection.
@@ -254,7 +254,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn unregister(&self, ptr: *const u8) {
+    unsafe fn unregister(&self, ptr: *const u8) {
         if self.enter_thread().is_ok() {
             // SAFETY: `ptr` was registered by `register` and not yet unregistered; no copy
             // from it is in flight (the engine releases only between reads).
@@ -279,7 +279,13 @@ impl CudaLane {
         Ok(())
     }
 
-    fn copy(&mut self, src: *const u8, len: usize, dest: CudaDest, off: u64) -> Result<()> {
+    /// Queues the copy of `len` bytes at `src` into `dest` at `off` on the lane's stream.
+    ///
+    /// # Safety
+    ///
+    /// `src..src + len` is pinned or registered host memory that stays valid until the copy
+    /// completes; `dest`'s memory is alive and not otherwise written until then.
+    unsafe fn copy(&mut self, src: *const u8, len: usize, dest: CudaDest, off: u64) -> Result<()> {
         assert!(
             off + len as u64 <= dest.len,
             "the engine checks ranges before sending"
@@ -335,14 +341,21 @@ impl Lane for CudaLane {
         })
     }
 
-    fn send(&mut self, i: usize, range: Range<usize>, dest: CudaDest, off: u64) -> Result<()> {
+    unsafe fn send(
+        &mut self,
+        i: usize,
+        range: Range<usize>,
+        dest: CudaDest,
+        off: u64,
+    ) -> Result<()> {
         let Some((ptr, cap)) = self.buffers[i].as_ref().map(|b| (b.ptr, b.len)) else {
             return Ok(());
         };
         assert!(range.end <= cap);
         // SAFETY: inside our buffer.
         let src = unsafe { ptr.as_ptr().add(range.start) };
-        self.copy(src, range.len(), dest, off)?;
+        // SAFETY: our pinned buffer, waited on before reuse; the caller vouches for `dest`.
+        unsafe { self.copy(src, range.len(), dest, off) }?;
         // SAFETY: a live event and stream of this lane.
         cuda("event record", unsafe {
             sys::cuEventRecord(self.events[i], self.stream)
@@ -351,8 +364,15 @@ impl Lane for CudaLane {
         Ok(())
     }
 
-    fn send_mapped(&mut self, src: *const u8, len: usize, dest: CudaDest, off: u64) -> Result<()> {
-        self.copy(src, len, dest, off)
+    unsafe fn send_mapped(
+        &mut self,
+        src: *const u8,
+        len: usize,
+        dest: CudaDest,
+        off: u64,
+    ) -> Result<()> {
+        // SAFETY: the caller vouches for `src` and `dest` (see the trait).
+        unsafe { self.copy(src, len, dest, off) }
     }
 
     fn finish(&mut self) -> Result<()> {

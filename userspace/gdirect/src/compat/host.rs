@@ -116,17 +116,31 @@ impl Lane for HostLane {
             .unwrap_or_default())
     }
 
-    fn send(&mut self, i: usize, range: Range<usize>, dest: HostDest, off: u64) -> Result<()> {
+    unsafe fn send(
+        &mut self,
+        i: usize,
+        range: Range<usize>,
+        dest: HostDest,
+        off: u64,
+    ) -> Result<()> {
         let Some(buf) = self.buffers[i].as_mut() else {
             return Ok(());
         };
         let src = &buf.as_mut_slice()[range];
-        send_host(src.as_ptr(), src.len(), dest, off);
+        // SAFETY: `src` is our staging buffer; the caller vouches for `dest` (see the trait).
+        unsafe { send_host(src.as_ptr(), src.len(), dest, off) };
         Ok(())
     }
 
-    fn send_mapped(&mut self, src: *const u8, len: usize, dest: HostDest, off: u64) -> Result<()> {
-        send_host(src, len, dest, off);
+    unsafe fn send_mapped(
+        &mut self,
+        src: *const u8,
+        len: usize,
+        dest: HostDest,
+        off: u64,
+    ) -> Result<()> {
+        // SAFETY: the caller vouches for `src` and `dest` (see the trait).
+        unsafe { send_host(src, len, dest, off) };
         Ok(())
     }
 
@@ -135,13 +149,18 @@ impl Lane for HostLane {
     }
 }
 
-fn send_host(src: *const u8, len: usize, dest: HostDest, off: u64) {
+/// Copies `len` bytes at `src` into `dest` at `off`.
+///
+/// # Safety
+///
+/// `src..src + len` is readable; `dest`'s memory is alive and nothing else accesses
+/// `off..off + len` of it during the copy.
+unsafe fn send_host(src: *const u8, len: usize, dest: HostDest, off: u64) {
     assert!(
         off + len as u64 <= dest.len,
         "the engine checks ranges before sending"
     );
-    // SAFETY: `src..src+len` is readable (a staging buffer, or a mapped page-cache range the
-    // engine checked); the destination range is inside the caller's buffer (asserted), and no
-    // other worker writes it (tasks are disjoint).
+    // SAFETY: `src..src+len` is readable and the destination alive and not otherwise accessed
+    // (the caller's contract); the range is inside it (asserted).
     unsafe { std::ptr::copy_nonoverlapping(src, dest.ptr.as_ptr().add(off as usize), len) };
 }

@@ -76,11 +76,21 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
     /// Makes `len` bytes of page-cache mapping at `ptr` usable by [`Lane::send_mapped`].
-    fn register(&self, _ptr: *const u8, _len: usize) -> Result<()> {
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + len` is mapped, page aligned, and stays mapped until
+    /// [`Backend::unregister`] of `ptr`.
+    unsafe fn register(&self, _ptr: *const u8, _len: usize) -> Result<()> {
         Ok(())
     }
     /// Undoes [`Backend::register`].
-    fn unregister(&self, _ptr: *const u8) {}
+    ///
+    /// # Safety
+    ///
+    /// `ptr` was registered by [`Backend::register`] and not unregistered since, and no copy
+    /// from it is in flight on any lane.
+    unsafe fn unregister(&self, _ptr: *const u8) {}
     /// Whether cached data should go by the mapped path when the settings say `Auto`.
     fn prefers_mapped(&self) -> bool {
         false
@@ -95,11 +105,48 @@ pub trait Lane {
     /// done.
     fn buffer(&mut self, i: usize, len: usize) -> Result<&mut [u8]>;
     /// Starts copying `buffer(i)[range]` to the destination at `off`.
-    fn send(&mut self, i: usize, range: Range<usize>, dest: Self::Dest, off: u64) -> Result<()>;
+    ///
+    /// A destination outlives the memory it views, so safe code cannot send to one (this
+    /// example, which writes freed memory, does not compile):
+    ///
+    /// ```compile_fail,E0133
+    /// use gdirect::compat::{Backend, HostBackend, Lane};
+    /// let mut mem = vec![0u8; 4096];
+    /// let dest = HostBackend::dest(&mut mem[..]);
+    /// drop(mem);
+    /// let mut lane = HostBackend.lane(1, 4096)?;
+    /// lane.buffer(0, 4096)?;
+    /// lane.send(0, 0..4096, dest, 0)?;
+    /// # Ok::<(), gdirect::Error>(())
+    /// ```
+    ///
+    /// # Safety
+    ///
+    /// `dest` was made by [`Backend::dest`] from memory that stays alive, and that nothing
+    /// else reads or writes, until [`Lane::finish`] returns; no other copy in flight writes
+    /// `off..off + range.len()` of it. (The range past the destination's end is checked: that
+    /// panics.)
+    unsafe fn send(
+        &mut self,
+        i: usize,
+        range: Range<usize>,
+        dest: Self::Dest,
+        off: u64,
+    ) -> Result<()>;
     /// Starts copying `len` bytes of registered page-cache mapping at `src` to the
     /// destination at `off`.
-    fn send_mapped(&mut self, src: *const u8, len: usize, dest: Self::Dest, off: u64)
-        -> Result<()>;
+    ///
+    /// # Safety
+    ///
+    /// As [`Lane::send`] for `dest`; and `src..src + len` lies in a range registered with
+    /// [`Backend::register`] that stays registered until [`Lane::finish`] returns.
+    unsafe fn send_mapped(
+        &mut self,
+        src: *const u8,
+        len: usize,
+        dest: Self::Dest,
+        off: u64,
+    ) -> Result<()>;
     /// Waits until every copy started has landed.
     fn finish(&mut self) -> Result<()>;
 }
@@ -701,7 +748,10 @@ impl<B: Backend> CompatEngine<B> {
                 let n = copy_end - task.want.start;
                 let from = (task.want.start - range.start) as usize;
                 let off = job.dest_base + (task.want.start - job.file_base);
-                lane.send(b, from..from + n as usize, job.dest, off)?;
+                // SAFETY: `job.dest` is the caller's memory, borrowed mutably for the whole
+                // read, which waits for every lane's `finish`; tasks are disjoint, so no other
+                // copy writes this range.
+                unsafe { lane.send(b, from..from + n as usize, job.dest, off) }?;
                 match how {
                     How::Direct => tally.direct += n,
                     How::Buffered => tally.buffered += n,
@@ -739,7 +789,9 @@ impl<B: Backend> CompatEngine<B> {
                     return Ok(false);
                 }
                 *state = match mf.map.pages(range) {
-                    Some((p, len)) => match self.backend.register(p, len) {
+                    // SAFETY: `p..p + len` is a page-aligned range of the file's mapping,
+                    // which `mf` holds until `release` unregisters it.
+                    Some((p, len)) => match unsafe { self.backend.register(p, len) } {
                         Ok(()) => {
                             tally.registered += len as u64;
                             Chunk::Registered(p as usize, len)
@@ -760,7 +812,9 @@ impl<B: Backend> CompatEngine<B> {
                 return Ok(false);
             };
             let off = job.dest_base + (at - job.file_base);
-            lane.send_mapped(p, (end - at) as usize, job.dest, off)?;
+            // SAFETY: as for `send` in `read_task`; `p..p + (end - at)` lies in the chunk
+            // registered above, which stays registered while this read holds `mf`.
+            unsafe { lane.send_mapped(p, (end - at) as usize, job.dest, off) }?;
             tally.ios += 1;
             tally.mapped += end - at;
             at = end;
@@ -808,7 +862,9 @@ impl<B: Backend> CompatEngine<B> {
     fn release(&self, m: &MappedFile) {
         for c in &m.chunks {
             if let Chunk::Registered(p, _) = *lock(c) {
-                self.backend.unregister(p as *const u8);
+                // SAFETY: registered by `send_mapped` and unregistered only here, once: the
+                // entry left the cache, and no read holds it (no copy from it is in flight).
+                unsafe { self.backend.unregister(p as *const u8) };
             }
         }
     }
