@@ -398,12 +398,16 @@ fn random(count: u64, seed: u64, devs: &[String]) -> gdirect::Result<()> {
     let gpu = Egpu::open()?;
     let mut alloc = gpu.alloc(BUF)?;
     // By range, so that the CPU can poison the allocation while it is registered.
-    let reg = driver.register_range(
-        gdirect::Provider::Nvidia,
-        alloc.va(),
-        BUF,
-        gdirect::RegisterOptions::new(),
-    )?;
+    // SAFETY: `alloc` is emulated GPU memory that outlives `reg`; the CPU writes it only
+    // between transfers, which are synchronous here.
+    let reg = unsafe {
+        driver.register_range(
+            gdirect::Provider::Nvidia,
+            alloc.va(),
+            BUF,
+            gdirect::RegisterOptions::new(),
+        )
+    }?;
     let poison = pattern(seed ^ 0xa5a5, BUF as usize);
     let files: Vec<(File, u64, &String)> = devs
         .iter()
@@ -1030,12 +1034,16 @@ fn stress_thread(
     let mut alloc = gpu.alloc(LEN)?;
     // By range, so that the CPU can fill the allocation while it is registered.
     let register = |va: u64| {
-        driver.register_range(
-            gdirect::Provider::Nvidia,
-            va,
-            LEN,
-            gdirect::RegisterOptions::new(),
-        )
+        // SAFETY: `va` is an allocation of this thread's that outlives each registration; the
+        // CPU fills it only between transfers, which are synchronous here.
+        unsafe {
+            driver.register_range(
+                gdirect::Provider::Nvidia,
+                va,
+                LEN,
+                gdirect::RegisterOptions::new(),
+            )
+        }
     };
     let mut reg = Some(register(alloc.va())?);
     tally.registrations += 1;
@@ -1461,12 +1469,16 @@ fn revclose(count: u64, dev: &str) -> gdirect::Result<()> {
         let alloc = gpu.alloc(32 * LEN)?;
         let va = alloc.va();
         // By range: the registration must not borrow the allocation freed below.
-        let reg = driver.register_range(
-            gdirect::Provider::Nvidia,
-            va,
-            32 * LEN,
-            gdirect::RegisterOptions::new(),
-        )?;
+        // SAFETY: the free below goes through the GPU driver, which revokes the registration
+        // before the memory goes; no Rust reference to the memory exists.
+        let reg = unsafe {
+            driver.register_range(
+                gdirect::Provider::Nvidia,
+                va,
+                32 * LEN,
+                gdirect::RegisterOptions::new(),
+            )
+        }?;
         let mut b = Batch::new();
         for i in 0..32 {
             b.read(&file, &reg, i * LEN, i * LEN, LEN, i);

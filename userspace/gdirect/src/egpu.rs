@@ -340,7 +340,9 @@ impl EgpuAllocation {
     }
 }
 
-impl DeviceMemory for EgpuAllocation {
+// SAFETY: the allocation's GPU virtual range belongs to it and is freed only when it is dropped
+// (or by `free_va`, which revokes the registrations of it first, as a GPU driver's free does).
+unsafe impl DeviceMemory for EgpuAllocation {
     fn provider(&self) -> Provider {
         Provider::Nvidia
     }

@@ -16,7 +16,32 @@ use crate::{
 /// Implemented by [`HostBuffer`], [`P2pMem`], the emulated GPU's
 /// [`EgpuAllocation`](crate::egpu::EgpuAllocation) and, with the `cuda` feature, cudarc's
 /// `CudaSlice`. Implement it for other memory by naming its provider and address.
-pub trait DeviceMemory {
+///
+/// Only `unsafe impl` implements it (this claim on memory the value does not own does not
+/// compile):
+///
+/// ```compile_fail,E0200
+/// struct Borrowed(u64);
+/// impl gdirect::DeviceMemory for Borrowed {
+///     fn provider(&self) -> gdirect::Provider {
+///         gdirect::Provider::Host
+///     }
+///     fn device_address(&self) -> u64 {
+///         self.0
+///     }
+///     fn len(&self) -> u64 {
+///         4096
+///     }
+/// }
+/// ```
+///
+/// # Safety
+///
+/// An implementation promises that `device_address()..device_address() + len()` is memory of
+/// `provider()` that the value owns and keeps allocated for as long as it lives: the module
+/// pins that range and devices write it, so a wrong address or length would let a transfer
+/// overwrite memory the program uses for something else.
+pub unsafe trait DeviceMemory {
     /// Which provider owns the memory.
     fn provider(&self) -> Provider;
     /// The address the provider knows it by: a user virtual address for host and p2pdma memory,
@@ -88,7 +113,9 @@ impl HostBuffer {
     }
 }
 
-impl DeviceMemory for HostBuffer {
+// SAFETY: the anonymous mapping of `len` bytes at `ptr` is owned by the buffer and unmapped only
+// when it is dropped.
+unsafe impl DeviceMemory for HostBuffer {
     fn provider(&self) -> Provider {
         Provider::Host
     }
@@ -216,7 +243,9 @@ impl P2pMem {
     }
 }
 
-impl DeviceMemory for P2pMem {
+// SAFETY: the mapping of `len` bytes of the device's P2P memory at `ptr` is owned by the value
+// and unmapped only when it is dropped.
+unsafe impl DeviceMemory for P2pMem {
     fn provider(&self) -> Provider {
         Provider::P2pdma
     }
@@ -238,8 +267,10 @@ impl Drop for P2pMem {
 /// GPU memory allocated through cudarc: registered with the `nvidia` provider by its device
 /// address. The nv-p2p interface needs 64 KiB aligned addresses and lengths: allocate with
 /// room to spare and register an aligned view if the allocation is not.
+// SAFETY: the device allocation belongs to the slice and is freed only when it is dropped;
+// its address and byte length are cudarc's.
 #[cfg(feature = "cuda")]
-impl<T> DeviceMemory for cudarc::driver::CudaSlice<T> {
+unsafe impl<T> DeviceMemory for cudarc::driver::CudaSlice<T> {
     fn provider(&self) -> Provider {
         Provider::Nvidia
     }

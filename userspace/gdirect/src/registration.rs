@@ -130,13 +130,31 @@ impl Driver {
         mem: &'a M,
         options: RegisterOptions,
     ) -> Result<Registration<'a>> {
-        self.register_range(mem.provider(), mem.device_address(), mem.len(), options)
+        // SAFETY: `DeviceMemory` promises that the range is the provider's memory owned by
+        // `mem`, which the registration borrows for its whole life.
+        unsafe { self.register_range(mem.provider(), mem.device_address(), mem.len(), options) }
     }
 
-    /// Registers a raw range of a provider's memory. The caller keeps the memory allocated while
-    /// the registration lives; the module keeps it pinned regardless, so nothing is corrupted
-    /// if it does not, but the registration then refers to memory the program no longer owns.
-    pub fn register_range(
+    /// Registers a raw range of a provider's memory.
+    ///
+    /// Safe code cannot register part of a live Rust object (this does not compile):
+    ///
+    /// ```compile_fail,E0133
+    /// use gdirect::{Driver, Provider, RegisterOptions};
+    /// let driver = Driver::open()?;
+    /// let v = vec![0u8; 8192];
+    /// let reg = driver.register_range(Provider::Host, v.as_ptr() as u64, 4096, RegisterOptions::new())?;
+    /// # Ok::<(), gdirect::Error>(())
+    /// ```
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr + len` is memory of `provider` that the caller owns and keeps allocated
+    /// while the registration lives, and that no Rust reference reads or writes while a
+    /// transfer into or out of it may run: transfers through the registration write and read
+    /// it behind the compiler's back. (The module keeps the memory pinned regardless, so an
+    /// address of another process or an unmapped one only gets an error.)
+    pub unsafe fn register_range(
         &self,
         provider: Provider,
         addr: u64,
