@@ -616,29 +616,35 @@ unsafe extern "C" {
     fn gdirect_device_unlock(dev: *mut core::ffi::c_void);
 }
 
-/// Refuses (`EUNATCH`) a peer that no driver of this kernel drives: none is bound, or a VFIO
-/// driver is (`vfio-pci` and its variants, whose names all hold "vfio"), which hands the
-/// device's DMA to a userspace program. Addresses of the caller's memory are made only for a
-/// device whose DMA the kernel controls: a vfio-owned device lives in a userspace program's
-/// IOMMU domain, and a device with no driver has no use for them. `EINTR` when a signal
-/// interrupts the wait for the device's lock.
+/// Refuses (`EUNATCH`) a peer that no driver of this kernel drives: none is bound, or one that
+/// hands the device's DMA to a userspace program is: a driver that manages DMA ownership itself
+/// (`driver_managed_dma`: vfio-pci and its variants, pci-stub) or by name a VFIO or UIO one
+/// (uio_pci_generic, out-of-tree igb_uio). Addresses of the caller's memory are made only for
+/// a device whose DMA the kernel controls: a vfio-owned device lives in a userspace program's
+/// IOMMU domain, and a device with no driver has no use for them. Checked when the QUERY is
+/// made: a mapping made earlier stays until the registration ends, whatever the device is
+/// bound to later. `ERESTARTSYS` when a signal interrupts the wait for the device's lock.
+///
+/// The device lock (which lockdep does not track) is held only for the check, never across a
+/// registration's use or a user copy.
 fn require_kernel_driver(peer: &pci::Device) -> Result {
     // SAFETY: `raw_pci` gives a valid `pci_dev`, whose `dev` is its `struct device`.
     let dev = unsafe { core::ptr::addr_of_mut!((*topology::raw_pci(peer)).dev) };
     // SAFETY: `dev` is a valid device, kept alive by the caller's reference.
     if unsafe { gdirect_device_lock_interruptible(dev.cast()) } != 0 {
-        return Err(EINTR);
+        return Err(ERESTARTSYS);
     }
     // SAFETY: under the device lock the bound driver cannot change, and a bound driver (with
-    // its name) stays registered while it is bound.
+    // its name) stays registered while it is bound. A PCI device's driver is the `driver` of a
+    // `pci_driver`.
     let driven = unsafe {
         let drv = (*dev).driver;
-        !drv.is_null()
-            && !(*drv).name.is_null()
-            && !kernel::str::CStr::from_char_ptr((*drv).name)
-                .to_bytes()
-                .windows(4)
-                .any(|w| w == b"vfio")
+        !drv.is_null() && !(*drv).name.is_null() && {
+            let pdrv = kernel::container_of!(drv, bindings::pci_driver, driver);
+            let name = kernel::str::CStr::from_char_ptr((*drv).name).to_bytes();
+            let has = |w: &[u8]| name.windows(w.len()).any(|x| x == w);
+            !(*pdrv).driver_managed_dma && !has(b"vfio") && !has(b"uio") && name != b"pci-stub"
+        }
     };
     // SAFETY: locked just above, by this thread.
     unsafe { gdirect_device_unlock(dev.cast()) };

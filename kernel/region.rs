@@ -362,6 +362,11 @@ impl Registration {
         max: u32,
     ) -> Result<(u32, KVVec<u64>)> {
         let _use = self.shared.begin_use()?;
+        // The map type alone maps nothing: a caller that may not see addresses cannot make
+        // the module hold DMA mappings (IOVA space, swiotlb slots) for any peer it names.
+        if max == 0 {
+            return Ok((self.map_type_for(peer).0, KVVec::new()));
+        }
         let copy = |p: &PeerMapping| -> Result<(u32, KVVec<u64>)> {
             let start = usize::try_from(first)
                 .unwrap_or(usize::MAX)
@@ -407,6 +412,16 @@ impl Registration {
         Ok(r)
     }
 
+    /// How `peer` reaches the memory: the `GDIRECT_MAP_*` value, and the route for device
+    /// memory (`None` for host memory).
+    fn map_type_for(&self, peer: &ARef<pci::Device>) -> (u32, Option<MapType>) {
+        let map_type = self
+            .owner
+            .as_ref()
+            .map(|owner| topology::map_type(&owner.dev, peer));
+        (map_type.map_or(uapi::MAP_HOST_MEMORY, uapi_map_type), map_type)
+    }
+
     /// Makes the addresses for `peer`. The caller holds a use of the pages. GPU memory is mapped
     /// as any P2P memory is (bus addresses under a common switch, `dma_map_resource` through an
     /// allowed host bridge), never with `nvidia_p2p_dma_map_pages`: that takes the GPU driver's
@@ -416,13 +431,10 @@ impl Registration {
     fn map_for(&self, peer: &ARef<pci::Device>) -> Result<PeerMapping> {
         let n = self.page_count as usize;
         let size = self.page_size.get() as usize;
-        let map_type = self
-            .owner
-            .as_ref()
-            .map(|owner| topology::map_type(&owner.dev, peer));
+        let (uapi_type, map_type) = self.map_type_for(peer);
         let mut mapping = PeerMapping {
             peer: peer.clone(),
-            map_type: map_type.map_or(uapi::MAP_HOST_MEMORY, uapi_map_type),
+            map_type: uapi_type,
             // Room for every address first (charged to the caller's memory cgroup): each one
             // mapped is then in `mapping`, whose drop undoes them if a later one fails.
             addrs: KVVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?,

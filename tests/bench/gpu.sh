@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
 	--size) size=$2; shift 2 ;;
 	--dir) dir=$2; shift 2 ;;
 	--out) out=$2; shift 2 ;;
-	-h | --help) sed -n '3,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '3,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "gpu.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done

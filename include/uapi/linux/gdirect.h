@@ -155,14 +155,16 @@ struct gdirect_info_args {
  *                  layer returns for transport errors of a transfer.)
  *  ENODEV          QUERY: no PCI device at that address.
  *  EUNATCH         QUERY: no driver of this kernel drives the peer: none is
- *                  bound, or a VFIO driver is (its DMA belongs to a userspace
- *                  program). No mapping is made for such a peer.
- *  EACCES          QUERY: addresses asked for (max_entries > 0) without
- *                  CAP_SYS_ADMIN. They are bus addresses, or physical ones
- *                  where the IOMMU passes DMA through, which the kernel shows
- *                  only to the administrator (as /proc/self/pagemap does).
- *                  Anyone with the device open may ask for the map type and
- *                  the counts (max_entries = 0).
+ *                  bound, or one that hands its DMA to a userspace program
+ *                  is (VFIO, UIO, pci-stub: any driver that manages DMA
+ *                  ownership itself). Checked at each QUERY; a mapping made
+ *                  earlier stays until the registration ends.
+ *  EACCES          QUERY: addresses asked for (max_entries > 0) by a caller
+ *                  without CAP_SYS_ADMIN. They are bus addresses, or physical
+ *                  ones where the IOMMU passes DMA through, which the kernel
+ *                  otherwise shows only to the administrator. Anyone with the
+ *                  device open may ask for the map type and the counts
+ *                  (max_entries = 0), which map nothing.
  *  ENOMEM          out of memory; or, for the host provider, pinning len more
  *                  bytes would take the caller past RLIMIT_MEMLOCK (host pages
  *                  count in the process's pinned_vm, as RDMA registrations do;
@@ -236,10 +238,11 @@ enum gdirect_map_type {
  * a larger first_page for more. max_entries = 0 only reports the map type and
  * the counts. No addresses are written for GDIRECT_MAP_NOT_SUPPORTED.
  *
- * Who sees what: addresses need CAP_SYS_ADMIN (EACCES otherwise); the map type
- * and the counts need only the open device. The peer must be driven by a
- * driver of this kernel (EUNATCH otherwise). The address table made for a peer
- * is charged to the caller's memory cgroup.
+ * Who sees what: addresses need CAP_SYS_ADMIN in the calling task (EACCES
+ * otherwise); the map type and the counts need only the open device and make
+ * no mapping. The peer must be driven by a driver of this kernel (EUNATCH
+ * otherwise). The address table made for a peer is charged to the caller's
+ * memory cgroup.
  */
 struct gdirect_query_args {
 	/* in */

@@ -38,7 +38,8 @@ use crate::{
 /// # Safety
 ///
 /// An implementation promises that `device_address()..device_address() + len()` is memory of
-/// `provider()` that the value owns and keeps allocated for as long as it lives: the module
+/// `provider()` that the value owns and keeps allocated for as long as it lives (or frees only
+/// through its provider, which revokes registrations of it first): the module
 /// pins that range and devices write it, so a wrong address or length would let a transfer
 /// overwrite memory the program uses for something else.
 pub unsafe trait DeviceMemory {

@@ -131,7 +131,10 @@ impl Driver {
         options: RegisterOptions,
     ) -> Result<Registration<'a>> {
         // SAFETY: `DeviceMemory` promises that the range is the provider's memory owned by
-        // `mem`, which the registration borrows for its whole life.
+        // `mem`, which the registration borrows for its whole life. Not yet guaranteed: that no
+        // reference reads the memory during a transfer (`&M` allows `as_slice` meanwhile, and a
+        // batch may outlive the registration); the registration must come to hold `&mut M`
+        // (issue 15, open).
         unsafe { self.register_range(mem.provider(), mem.device_address(), mem.len(), options) }
     }
 
@@ -149,11 +152,12 @@ impl Driver {
     ///
     /// # Safety
     ///
-    /// `addr..addr + len` is memory of `provider` that the caller owns and keeps allocated
-    /// while the registration lives, and that no Rust reference reads or writes while a
-    /// transfer into or out of it may run: transfers through the registration write and read
-    /// it behind the compiler's back. (The module keeps the memory pinned regardless, so an
-    /// address of another process or an unmapped one only gets an error.)
+    /// Whatever part of `addr..addr + len` is memory of this process, the caller owns it and
+    /// keeps it allocated while the registration lives (or frees it through its provider,
+    /// which revokes the registration first, as a GPU driver's free does), and no Rust reference
+    /// reads or writes it while a transfer into or out of it may run: transfers write and read
+    /// it behind the compiler's back. (A range that is not the provider's memory in this
+    /// process, another process's address for one, is refused by the module with an error.)
     pub unsafe fn register_range(
         &self,
         provider: Provider,

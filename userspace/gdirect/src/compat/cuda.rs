@@ -287,7 +287,8 @@ impl CudaLane {
     /// completes; `dest`'s memory is alive and not otherwise written until then.
     unsafe fn copy(&mut self, src: *const u8, len: usize, dest: CudaDest, off: u64) -> Result<()> {
         assert!(
-            off + len as u64 <= dest.len,
+            off.checked_add(len as u64)
+                .is_some_and(|end| end <= dest.len),
             "the engine checks ranges before sending"
         );
         // SAFETY: `src..src+len` is pinned or registered host memory that stays valid until the

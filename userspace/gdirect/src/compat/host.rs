@@ -157,7 +157,8 @@ impl Lane for HostLane {
 /// `off..off + len` of it during the copy.
 unsafe fn send_host(src: *const u8, len: usize, dest: HostDest, off: u64) {
     assert!(
-        off + len as u64 <= dest.len,
+        off.checked_add(len as u64)
+            .is_some_and(|end| end <= dest.len),
         "the engine checks ranges before sending"
     );
     // SAFETY: `src..src+len` is readable and the destination alive and not otherwise accessed
