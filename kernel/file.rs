@@ -508,10 +508,15 @@ impl GdirectFile {
         let mut submitted = 0;
         let mut failure = None;
         while submitted < args.count {
-            let sqe: Sqe = sqes.read()?;
-            match self
-                .sqe_transfer(&sqe)
-                .and_then(|t| self.batches.submit(t, sqe.user_data, max))
+            // An entry that cannot be read fails like a malformed one: the caller learns how
+            // many were queued before it (they run, and complete, either way).
+            match sqes
+                .read::<Sqe>()
+                .and_then(|sqe| {
+                    let t = self.sqe_transfer(&sqe)?;
+                    Ok((t, sqe.user_data))
+                })
+                .and_then(|(t, user_data)| self.batches.submit(t, user_data, max))
             {
                 Ok(true) => submitted += 1,
                 Ok(false) => break,

@@ -390,8 +390,9 @@ struct gdirect_io_args {
  *
  * In flight are the transfers submitted and not yet reaped; a file may have at
  * most max_in_flight of them (module parameter, default 128). SUBMIT queues
- * entries in order until one is malformed (its index is reported in
- * `submitted`, and the call fails with that entry's errno) or the limit is
+ * entries in order until one is malformed or cannot be read (EFAULT) (its
+ * index is reported in `submitted`, the entries before it are queued, and the
+ * call fails with that entry's errno) or the limit is
  * reached (the call succeeds with submitted < count; it fails with EAGAIN only
  * when nothing could be queued). Errors of a transfer itself (EIO, ENOLINK, ...)
  * are reported in its completion.

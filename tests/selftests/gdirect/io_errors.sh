@@ -33,6 +33,8 @@ unknown_handle ENOENT
 revoked EKEYREVOKED
 batch_bad_op EINVAL@1
 batch_good_entry_completed 1
+batch_entry_fault EFAULT@1
+batch_entry_fault_completed 1
 "
 
 ktap_print_header

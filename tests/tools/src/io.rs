@@ -693,7 +693,68 @@ fn errors(dev: &str) -> gdirect::Result<()> {
     }
     let drained = driver.reap(8, true)?.len();
     out("batch_good_entry_completed", drained.to_string());
+    // An entry that cannot be read (it lies on an unmapped page) is refused with its index like
+    // a malformed one: the entries before it are queued and said so, not lost.
+    let (fault, queued) = submit_across_hole(&driver, &direct, reg2.handle())?;
+    out("batch_entry_fault", format!("{fault}@{queued}"));
+    let drained = driver.reap(8, true)?.len();
+    out("batch_entry_fault_completed", drained.to_string());
     Ok(())
+}
+
+/// SUBMIT of two reads whose second entry starts on an unmapped page: the errno and the
+/// `submitted` the module wrote back.
+fn submit_across_hole(driver: &Driver, file: &File, handle: u64) -> gdirect::Result<(String, u32)> {
+    use nix::sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags};
+    const PAGE: usize = 4096;
+    let sqe_len = std::mem::size_of::<raw::gdirect_sqe>();
+    // Evaluated at build time.
+    const LEN: std::num::NonZeroUsize = std::num::NonZeroUsize::new(2 * PAGE).unwrap();
+    let map_err = |e: Errno| Error::Allocation {
+        what: "two pages for the entries".into(),
+        errno: e,
+    };
+    // SAFETY: a new private anonymous mapping; nothing else refers to it.
+    let base = unsafe {
+        mmap_anonymous(
+            None,
+            LEN,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_PRIVATE,
+        )
+    }
+    .map_err(map_err)?;
+    // SAFETY: the second page of the mapping just made, which nothing uses.
+    unsafe { munmap(base.byte_add(PAGE), PAGE) }.map_err(map_err)?;
+    let first = raw::gdirect_sqe {
+        op: raw::GDIRECT_OP_READ,
+        handle,
+        len: 4096,
+        fd: file.as_fd().as_raw_fd(),
+        user_data: 77,
+        ..Default::default()
+    };
+    // SAFETY: the last `sqe_len` bytes of the mapped first page: writable, and aligned for the
+    // entry (8 bytes, which divides both the page and the entry's size).
+    let at = unsafe { base.cast::<u8>().as_ptr().add(PAGE - sqe_len) };
+    // SAFETY: as above.
+    unsafe { std::ptr::write(at.cast::<raw::gdirect_sqe>(), first) };
+    let mut a = raw::gdirect_submit_args {
+        sqes: at as u64,
+        count: 2,
+        ..Default::default()
+    };
+    // SAFETY: `a` is a valid, writable argument struct; its entries are where it says (the
+    // second on the unmapped page, on purpose: the module must fault cleanly).
+    let ret =
+        unsafe { nix::libc::ioctl(driver.as_raw_fd(), raw::GDIRECT_IOC_SUBMIT as _, &raw mut a) };
+    let errno = match Errno::result(ret) {
+        Ok(_) => "OK".to_string(),
+        Err(e) => format!("{e:?}"),
+    };
+    // SAFETY: the first page, still mapped, which nothing refers to any more.
+    unsafe { munmap(base, PAGE) }.map_err(map_err)?;
+    Ok((errno, a.submitted))
 }
 
 fn inflight(dev: &str, count: u64) -> gdirect::Result<()> {
