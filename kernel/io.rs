@@ -461,7 +461,7 @@ fn memory_kind(reg: &Registration) -> Memory {
         // The p2pdma provider only accepts P2PDMA pages.
         Pinned::User(_) => Memory::DevicePages,
         // `REGISTER` accepts only GPU memory whose every page is a P2PDMA page.
-        Pinned::Nvidia(nv) => match p2pdma_page(nv.phys(0)) {
+        Pinned::Nvidia(nv) => match nv.phys(0).and_then(p2pdma_page) {
             Some(_) => Memory::DevicePages,
             None => Memory::DeviceNoPages,
         },
@@ -475,8 +475,9 @@ fn page_at(reg: &Registration, off: u64) -> Result<(*mut bindings::page, u32)> {
     let page = match &reg.pinned {
         Pinned::User(u) => u.page((off / PAGE_SIZE) as usize),
         Pinned::Nvidia(nv) => {
-            let phys = nv.phys((off / reg.page_size) as usize) + off % reg.page_size;
-            p2pdma_page(phys - u64::from(in_page))
+            let within = off % reg.page_size - u64::from(in_page);
+            nv.phys((off / reg.page_size) as usize)
+                .and_then(|p| p2pdma_page(p + within))
         }
     };
     Ok((page.ok_or(EFAULT)?, in_page))

@@ -419,7 +419,10 @@ impl Registration {
             .owner
             .as_ref()
             .map(|owner| topology::map_type(&owner.dev, peer));
-        (map_type.map_or(uapi::MAP_HOST_MEMORY, uapi_map_type), map_type)
+        (
+            map_type.map_or(uapi::MAP_HOST_MEMORY, uapi_map_type),
+            map_type,
+        )
     }
 
     /// Makes the addresses for `peer`. The caller holds a use of the pages. GPU memory is mapped
@@ -453,10 +456,11 @@ impl Registration {
         let dir = bindings::dma_data_direction_DMA_BIDIRECTIONAL;
         for i in 0..n {
             let addr = match mapping.kind {
-                PeerKind::Bus => self.pinned.phys(i).wrapping_add(bus_offset),
+                PeerKind::Bus => self.pinned.phys(i).ok_or(EINVAL)?.wrapping_add(bus_offset),
                 PeerKind::Resource => {
+                    let phys = self.pinned.phys(i).ok_or(EINVAL)?;
                     // SAFETY: the page is a pinned page of the owner's BAR; `dev` is valid.
-                    unsafe { bindings::dma_map_resource(dev, self.pinned.phys(i), size, dir, 0) }
+                    unsafe { bindings::dma_map_resource(dev, phys, size, dir, 0) }
                 }
                 PeerKind::HostPages => {
                     let page = self.pinned.page(i).ok_or(EINVAL)?;

@@ -138,11 +138,12 @@ impl UserPages {
         self.pages.get(i).map(|p| p.0)
     }
 
-    pub(crate) fn phys(&self, i: usize) -> u64 {
+    /// The CPU physical address of page `i`; `None` past the end.
+    pub(crate) fn phys(&self, i: usize) -> Option<u64> {
         // SAFETY: the page is pinned for the life of `self`.
         self.pages
             .get(i)
-            .map_or(0, |p| unsafe { gdirect_page_to_phys(p.0.cast()) })
+            .map(|p| unsafe { gdirect_page_to_phys(p.0.cast()) })
     }
 }
 
@@ -174,8 +175,9 @@ impl Pinned {
         }
     }
 
-    /// The CPU physical address of page `i`. For nvidia, the caller holds a use of the pages.
-    pub(crate) fn phys(&self, i: usize) -> u64 {
+    /// The CPU physical address of page `i`; `None` past the end. For nvidia, the caller holds
+    /// a use of the pages.
+    pub(crate) fn phys(&self, i: usize) -> Option<u64> {
         match self {
             Self::User(u) => u.phys(i),
             Self::Nvidia(n) => n.phys(i),

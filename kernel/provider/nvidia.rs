@@ -321,8 +321,12 @@ pub(crate) fn pin(
     {
         return Err(error::provider_unavailable());
     }
-    let owner = Owner::of_phys(pages.phys(0)).ok_or(ENXIO)?;
-    if (0..t.entries as usize).any(|i| !owner.contains(pages.phys(i), page_size.get())) {
+    let owner = pages.phys(0).and_then(Owner::of_phys).ok_or(ENXIO)?;
+    if (0..t.entries as usize).any(|i| {
+        !pages
+            .phys(i)
+            .is_some_and(|p| owner.contains(p, page_size.get()))
+    }) {
         return Err(ENXIO);
     }
     // Only P2PDMA pages can be handed to the block layer (and the bounce path's CPU copy needs
@@ -330,7 +334,12 @@ pub(crate) fn pin(
     // than failing or faulting at the first transfer. Every page of every GPU page is checked.
     let cpu_pages = page_size.get() / super::PAGE_SIZE;
     let all_p2pdma = (0..t.entries as usize).all(|i| {
-        (0..cpu_pages).all(|k| super::p2pdma_page(pages.phys(i) + k * super::PAGE_SIZE).is_some())
+        (0..cpu_pages).all(|k| {
+            pages
+                .phys(i)
+                .and_then(|p| super::p2pdma_page(p + k * super::PAGE_SIZE))
+                .is_some()
+        })
     });
     if !all_p2pdma {
         return Err(error::no_struct_pages());
@@ -347,14 +356,11 @@ pub(crate) fn pin(
 
 impl NvidiaPages {
     /// The physical address of page `i`; the caller holds a use of the pages.
-    pub(crate) fn phys(&self, i: usize) -> u64 {
+    pub(crate) fn phys(&self, i: usize) -> Option<u64> {
         // SAFETY: the table is valid while the pages are in use, and has `entries` pages.
         unsafe {
             let t = self.table.as_ref();
-            if i >= t.entries as usize {
-                return 0;
-            }
-            (**t.pages.add(i)).physical_address
+            (i < t.entries as usize).then(|| (**t.pages.add(i)).physical_address)
         }
     }
 }

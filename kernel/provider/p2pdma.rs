@@ -32,8 +32,8 @@ pub(crate) fn pin(addr: u64, len: u64) -> Result<PinResult> {
             return Err(ENXIO);
         }
     }
-    let owner = Owner::of_phys(pages.phys(0)).ok_or(ENXIO)?;
-    if (0..pages.len()).any(|i| !owner.contains(pages.phys(i), PAGE_SIZE)) {
+    let owner = pages.phys(0).and_then(Owner::of_phys).ok_or(ENXIO)?;
+    if (0..pages.len()).any(|i| !pages.phys(i).is_some_and(|p| owner.contains(p, PAGE_SIZE))) {
         return Err(ENXIO);
     }
     Ok(PinResult {
