@@ -87,6 +87,17 @@ _kv() {
 	echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1
 }
 
+# The unprivileged test user: gduser (uid 1000), in the group gdirect (gid 990) that tests
+# give the device nodes to. Idempotent.
+_add_test_user() {
+	grep -qs '^gduser:' /etc/passwd || echo 'gduser:x:1000:1000:gduser:/:/bin/sh' >>/etc/passwd
+	grep -qs '^gdirect:' /etc/group || echo 'gdirect:x:990:gduser' >>/etc/group
+	grep -qs '^gduser:' /etc/group || echo 'gduser:x:1000:' >>/etc/group
+}
+
+# Runs a shell command line as the test user.
+_as_user() { su gduser -s /bin/sh -c "$*"; }
+
 # A field of `gdirect info --json` (a jq path).
 _info() {
 	gdirect info --json | jq -r "$1"

@@ -22,9 +22,7 @@ _unload_all
 insmod "$GDIRECT_MODULE" max_in_flight=4 bounce_buffers=1 max_pinned_bytes=67108864 max_registrations=8 ||
 	ktap_exit_fail_msg "cannot load $GDIRECT_MODULE with small limits"
 insmod "$GDIRECT_EGPU_MODULE" || ktap_exit_fail_msg "cannot load $GDIRECT_EGPU_MODULE"
-grep -q '^gduser:' /etc/passwd || echo 'gduser:x:1000:1000:gduser:/:/bin/sh' >>/etc/passwd
-grep -q '^gdirect:' /etc/group || echo 'gdirect:x:990:gduser' >>/etc/group
-grep -q '^gduser:' /etc/group || echo 'gduser:x:1000:' >>/etc/group
+_add_test_user
 chgrp gdirect /dev/gdirect /dev/gdirect_egpu && chmod 0660 /dev/gdirect_egpu
 kv() { echo "$1" | sed -nE "s/(^|.* )$2=([^ ]*).*/\2/p" | head -n 1; }
 
@@ -38,10 +36,10 @@ _test "and all 32 complete" _expect_eq batch_ok 32 "$(kv "$out" batch_ok)"
 _test "one bounce buffer, 16 threads: 64 bounced reads, every byte right" \
 	_expect_eq "bounce ok bad" "64 0" "$(kv "$out" bounce_ok) $(kv "$out" bounce_bad)"
 
-user=$(su gduser -s /bin/sh -c "ulimit -l 64; gdirect-io limits $ns 1048576" 2>&1)
+user=$(_as_user "ulimit -l 64; gdirect-io limits $ns 1048576" 2>&1)
 ktap_print_msg "as uid 1000 with ulimit -l 64: $(echo "$user" | grep register | tr '\n' ' ')"
 _test "RLIMIT_MEMLOCK 64 KiB: 1 MiB of host memory is refused (ENOMEM)" _expect_eq host ENOMEM "$(kv "$user" host_register)"
-small=$(su gduser -s /bin/sh -c "ulimit -l 64; gdirect-io limits $ns 32768" 2>&1)
+small=$(_as_user "ulimit -l 64; gdirect-io limits $ns 32768" 2>&1)
 _test "32 KiB fits under it" _expect_eq host OK "$(kv "$small" host_register)"
 _test "GPU memory is not charged to it" _expect_eq gpu OK "$(kv "$user" gpu_register)"
 root=$(sh -c "ulimit -l 64; gdirect-io limits $ns 1048576" 2>&1)

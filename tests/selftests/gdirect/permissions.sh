@@ -25,41 +25,38 @@ _require_root
 _require_cmd gdirect gdirect-perm jq
 _load_all || ktap_exit_fail_msg "cannot load the modules"
 ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
-grep -qs '^gduser:' /etc/passwd || echo 'gduser:x:1000:1000:gduser:/:/bin/sh' >>/etc/passwd
-grep -qs '^gdirect:' /etc/group || echo 'gdirect:x:990:gduser' >>/etc/group
-grep -qs '^gduser:' /etc/group || echo 'gduser:x:1000:' >>/etc/group
-as_user() { su gduser -s /bin/sh -c "$*"; }
+_add_test_user
 kv() { echo "$1" | sed -n "s/^$2=\([^ ]*\).*/\1/p" | head -n 1; }
 
 ktap_print_header
 ktap_set_plan 14
 
-refused() { [ "$(as_user gdirect info --json 2>/dev/null | jq -r .error.kind)" = permission_denied ]; }
+refused() { [ "$(_as_user gdirect info --json 2>/dev/null | jq -r .error.kind)" = permission_denied ]; }
 _test "outside the device's group: refused (mode $(stat -c %a /dev/gdirect))" refused
 chgrp gdirect /dev/gdirect /dev/gdirect_egpu && chmod 0660 /dev/gdirect_egpu
-_test "in the group: gdirect info works" as_user gdirect info
+_test "in the group: gdirect info works" _as_user gdirect info
 no_path() {
-	out=$(as_user gdirect read "$ns" --mem host --len 4K --json 2>/dev/null)
+	out=$(_as_user gdirect read "$ns" --mem host --len 4K --json 2>/dev/null)
 	[ "$(echo "$out" | jq -r .error.kind)" = open_file ] && [ "$(echo "$out" | jq -r .error.errno)" = EACCES ]
 }
 _test "no access of its own: a device the user may not open stays unread (EACCES)" no_path
 
 ns_mode=$(stat -c %a "$ns")
 chmod o+r "$ns"
-out=$(as_user gdirect-perm write-ro "$ns")
+out=$(_as_user gdirect-perm write-ro "$ns")
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
 _test "a read-only file reads into registered memory" _expect_eq read_readonly OK "$(kv "$out" read_readonly)"
 _test "a read-only file is never written through (EBADF)" _expect_eq write_readonly EBADF "$(kv "$out" write_readonly)"
 chmod "$ns_mode" "$ns"
 ns_mode=
 
-out=$(as_user gdirect-perm foreign-handle)
+out=$(_as_user gdirect-perm foreign-handle)
 _test "a handle used on another open file: EPERM" _expect_eq foreign_handle EPERM "$(kv "$out" foreign_handle)"
-out=$(as_user gdirect-perm cross-gpu)
+out=$(_as_user gdirect-perm cross-gpu)
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
 _test "another process's GPU address is not memory here (ENXIO)" _expect_eq foreign_gpu_va ENXIO "$(kv "$out" foreign_gpu_va)"
 _test "while its owner registers it" _expect_eq owner_gpu_va OK "$(kv "$out" owner_gpu_va)"
-out=$(as_user gdirect-perm cross-host)
+out=$(_as_user gdirect-perm cross-host)
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
 not_theirs() {
 	r=$(kv "$out" foreign_host_addr)

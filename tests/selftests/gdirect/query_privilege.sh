@@ -28,11 +28,8 @@ for d in /sys/bus/pci/devices/*; do
 	break
 done
 [ -n "$undriven" ] || ktap_exit_fail_msg "no PCI function without a driver in the rig"
-grep -qs '^gduser:' /etc/passwd || echo 'gduser:x:1000:1000:gduser:/:/bin/sh' >>/etc/passwd
-grep -qs '^gdirect:' /etc/group || echo 'gdirect:x:990:gduser' >>/etc/group
-grep -qs '^gduser:' /etc/group || echo 'gduser:x:1000:' >>/etc/group
+_add_test_user
 chgrp gdirect /dev/gdirect && chmod 0660 /dev/gdirect
-as_user() { su gduser -s /bin/sh -c "$*"; }
 
 ktap_print_header
 ktap_set_plan 13
@@ -46,7 +43,7 @@ _test "root: the map type alone, no entries" _expect_eq map_type_only "OK 0" \
 _test "root: no addresses for a peer no driver drives (EUNATCH)" _expect_eq undriven EUNATCH "$(_kv "$root" undriven)"
 _test "root: nor its map type (EUNATCH)" _expect_eq undriven_map_type_only EUNATCH "$(_kv "$root" undriven_map_type_only)"
 
-user=$(as_user gdirect-reg query-privilege "$nvme0" "$undriven")
+user=$(_as_user gdirect-reg query-privilege "$nvme0" "$undriven")
 ktap_print_msg "user: $(echo "$user" | tr '\n' ' ')"
 _test "user: addresses refused (EACCES), none written" _expect_eq addrs "EACCES 0 0" \
 	"$(_kv "$user" addrs) $(_kv "$user" entries) $(_kv "$user" pagemap_matches)"
@@ -57,10 +54,10 @@ _test "user: a peer no driver drives (EUNATCH)" _expect_eq undriven EUNATCH "$(_
 q=$(gdirect query --mem host --size 64K --peer "$nvme0" --json)
 _test "gdirect query as root: 16 addresses, not hidden" _expect_eq root "false 16 host_memory" \
 	"$(echo "$q" | jq -r '.addresses_hidden, (.peers[0].addrs | length), .peers[0].map_type' | tr '\n' ' ' | sed 's/ $//')"
-q=$(as_user gdirect query --mem host --size 64K --peer "$nvme0" --json)
+q=$(_as_user gdirect query --mem host --size 64K --peer "$nvme0" --json)
 _test "gdirect query as a user: the map type, addresses hidden" _expect_eq user "true 0 host_memory" \
 	"$(echo "$q" | jq -r '.addresses_hidden, (.peers[0].addrs | length), .peers[0].map_type' | tr '\n' ' ' | sed 's/ $//')"
-text=$(as_user gdirect query --mem host --size 64K --peer "$nvme0")
+text=$(_as_user gdirect query --mem host --size 64K --peer "$nvme0")
 _test "gdirect query as a user says why the addresses are missing" \
 	_expect_eq text yes "$(echo "$text" | grep -q 'need CAP_SYS_ADMIN' && echo yes || echo no)"
 q=$(gdirect query --mem host --size 64K --peer "$undriven" --json)
