@@ -91,7 +91,7 @@ fn spawn(f: impl FnOnce() + Send + 'static) -> Result {
     let wq = queue.as_ref().ok_or(ENODEV)?;
     // SAFETY: the workqueue is valid while `QUEUE` holds it, and we hold `QUEUE`'s lock.
     let q = unsafe { Queue::from_raw(wq.0.as_ptr()) };
-    q.try_spawn(GFP_KERNEL, f).map_err(|_| ENOMEM)
+    q.try_spawn(GFP_KERNEL_ACCOUNT, f).map_err(|_| ENOMEM)
 }
 
 /// A registered eventfd, released when dropped.
@@ -147,7 +147,7 @@ impl Batches {
                 inner <- new_mutex!(BatchInner { done: KVec::new(), in_flight: 0, eventfd: None }, "Batches::inner"),
                 completed <- new_condvar!("Batches::completed"),
             }),
-            GFP_KERNEL,
+            GFP_KERNEL_ACCOUNT,
         )
     }
 
@@ -171,7 +171,7 @@ impl Batches {
             let want = inner.in_flight as usize + 1;
             if inner.done.capacity() < want {
                 let more = want - inner.done.len();
-                inner.done.reserve(more, GFP_KERNEL)?;
+                inner.done.reserve(more, GFP_KERNEL_ACCOUNT)?;
             }
             inner.in_flight += 1;
         }
@@ -233,8 +233,8 @@ impl Batches {
                 }
             }
             let n = inner.done.len().min(max as usize);
-            let mut batch = KVec::with_capacity(n, GFP_KERNEL)?;
-            batch.extend_from_slice(&inner.done[..n], GFP_KERNEL)?;
+            let mut batch = KVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?;
+            batch.extend_from_slice(&inner.done[..n], GFP_KERNEL_ACCOUNT)?;
             let rest = inner.done.len() - n;
             for i in 0..rest {
                 inner.done[i] = inner.done[n + i];

@@ -168,7 +168,7 @@ impl MiscDevice for GdirectFile {
                 counters: FileCounters::new()?,
                 batches: Batches::new()?,
             }),
-            GFP_KERNEL,
+            GFP_KERNEL_ACCOUNT,
         )?;
         OPEN_FILES.fetch_add(1, Relaxed);
         Ok(file)
@@ -340,12 +340,15 @@ impl GdirectFile {
         };
         // From here the registration's `Drop` gives the reservation back.
         reservation.commit(args.provider);
-        let reg = Arc::new(reg, GFP_KERNEL)?;
+        let reg = Arc::new(reg, GFP_KERNEL_ACCOUNT)?;
 
         let mut next = self.next_index.lock();
         let index = *next;
         *next = next.checked_add(1).ok_or(EMFILE)?;
-        let stored = self.regs.lock().store(index as usize, reg, GFP_KERNEL);
+        let stored = self
+            .regs
+            .lock()
+            .store(index as usize, reg, GFP_KERNEL_ACCOUNT);
         drop(next);
         // On failure the registration comes back in the error: drop it (it may sleep) only now,
         // with no lock held.

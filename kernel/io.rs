@@ -485,7 +485,7 @@ fn page_at(reg: &Registration, off: u64) -> Result<(*mut bindings::page, u32)> {
 
 /// Bvecs over `[off, off + len)` of a registration. The caller holds a use of the pages.
 fn bvecs(reg: &Registration, off: u64, len: u64) -> Result<KVVec<bindings::bio_vec>> {
-    let mut v = KVVec::with_capacity((len / PAGE_SIZE + 2) as usize, GFP_KERNEL)?;
+    let mut v = KVVec::with_capacity((len / PAGE_SIZE + 2) as usize, GFP_KERNEL_ACCOUNT)?;
     let end = off + len;
     let mut at = off;
     while at < end {
@@ -497,7 +497,7 @@ fn bvecs(reg: &Registration, off: u64, len: u64) -> Result<KVVec<bindings::bio_v
                 bv_len: n as u32,
                 bv_offset: in_page,
             },
-            GFP_KERNEL,
+            GFP_KERNEL_ACCOUNT,
         )?;
         at += n;
     }

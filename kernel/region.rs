@@ -76,7 +76,7 @@ impl FileCounters {
                 registrations: Atomic::new(0),
                 pinned_bytes: Atomic::new(0),
             },
-            GFP_KERNEL,
+            GFP_KERNEL_ACCOUNT,
         )?)
     }
 }
@@ -199,7 +199,7 @@ impl RegShared {
                 }, "RegShared::inner"),
                 changed <- new_condvar!("RegShared::changed"),
             }),
-            GFP_KERNEL,
+            GFP_KERNEL_ACCOUNT,
         )
     }
 
@@ -372,8 +372,8 @@ impl Registration {
                 .unwrap_or(usize::MAX)
                 .min(p.addrs.len());
             let n = (p.addrs.len() - start).min(max as usize);
-            let mut out = KVVec::with_capacity(n, GFP_KERNEL)?;
-            out.extend_from_slice(&p.addrs[start..start + n], GFP_KERNEL)?;
+            let mut out = KVVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?;
+            out.extend_from_slice(&p.addrs[start..start + n], GFP_KERNEL_ACCOUNT)?;
             Ok((p.map_type, out))
         };
         let find = |inner: &SharedInner| {
@@ -399,7 +399,7 @@ impl Registration {
             return r;
         }
         let r = copy(&mapping)?;
-        if inner.peers.reserve(1, GFP_KERNEL).is_err() {
+        if inner.peers.reserve(1, GFP_KERNEL_ACCOUNT).is_err() {
             drop(inner);
             drop(mapping);
             return Err(ENOMEM);

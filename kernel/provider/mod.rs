@@ -95,7 +95,7 @@ impl UserPages {
         };
         // Every page pinned so far is in `me`, whose drop unpins them if a later step fails.
         let mut me = Self {
-            pages: KVVec::with_capacity(n, GFP_KERNEL)?,
+            pages: KVVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?,
         };
         let mut batch = [core::ptr::null_mut::<bindings::page>(); PIN_BATCH];
         while me.pages.len() < n {
