@@ -488,10 +488,28 @@ fn revoke_race(rounds: u64, peer: PciAddress) -> gdirect::Result<()> {
     Ok(())
 }
 
-/// How long a free holds the GPU driver's lock before it runs the callbacks, and how long after
-/// the free started the other side acts: well inside that window even on the debug kernel.
+/// How long a free holds the GPU driver's lock between unlinking its mappings and running the
+/// callbacks. The other side acts as soon as it sees the unlink ([`wait_for_unlink`]).
 const WINDOW: Duration = Duration::from_millis(60);
-const INTO_WINDOW: Duration = Duration::from_millis(15);
+
+/// Waits until a free has unlinked the mappings of the allocation it frees (the emulated GPU's
+/// count of page tables fell below `mapped`): from there the free holds the driver's lock until
+/// its callback is done, so what the caller does next meets the free in its window or after it,
+/// never before. Polled rather than slept: a slow machine (the debug kernel under TCG, with
+/// other work on the host) can take longer than any fixed delay to get the freeing thread there.
+fn wait_for_unlink(gpu: &Egpu, mapped: u32) -> gdirect::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while gpu.info()?.mappings >= mapped {
+        if std::time::Instant::now() > deadline {
+            check("the free unlinks the mapping within 10 s", false, || {
+                format!("{mapped} mappings still")
+            });
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(())
+}
 
 /// A query or a read racing a free: it worked, or the memory was revoked first.
 fn allowed(what: &str, r: gdirect::Result<()>) {
@@ -523,6 +541,7 @@ fn put_race(rounds: u64, peer: PciAddress, dev: &str) -> gdirect::Result<()> {
         let va = alloc.va();
         let reg = driver.register(&alloc)?;
         allowed("query before the free", reg.query(peer).map(|_| ()));
+        let mapped = gpu.info()?.mappings;
         let mut expect_callbacks = if mode == 0 { 0 } else { 1 };
         let report = match mode {
             0 => {
@@ -533,7 +552,7 @@ fn put_race(rounds: u64, peer: PciAddress, dev: &str) -> gdirect::Result<()> {
             1 | 3 => {
                 let g = gpu.clone();
                 let freer = std::thread::spawn(move || g.free_va_delayed(va, WINDOW));
-                std::thread::sleep(INTO_WINDOW);
+                wait_for_unlink(&gpu, mapped)?;
                 if mode == 1 {
                     let r = reg.unregister();
                     check("unregister in the window", r.is_ok(), || format!("{r:?}"));
@@ -664,6 +683,7 @@ fn callback_locked(rounds: u64, peer: PciAddress, dev: &str) -> gdirect::Result<
         let alloc = gpu.alloc(16 * EGPU_PAGE)?;
         let va = alloc.va();
         let reg = driver.register(&alloc)?;
+        let mapped = gpu.info()?.mappings;
         let g = gpu.clone();
         // Every other free runs on a kernel worker: the callback runs in a kworker.
         let freer = std::thread::spawn(move || {
@@ -673,7 +693,7 @@ fn callback_locked(rounds: u64, peer: PciAddress, dev: &str) -> gdirect::Result<
                 g.free_va_from_worker(va, WINDOW)
             }
         });
-        std::thread::sleep(INTO_WINDOW);
+        wait_for_unlink(&gpu, mapped)?;
         std::thread::scope(|s| {
             let reader = s.spawn(|| {
                 allowed(
