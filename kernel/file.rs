@@ -413,6 +413,11 @@ impl GdirectFile {
         if args.flags != 0 || args.reserved.iter().any(|&r| r != 0) {
             return Err(EINVAL);
         }
+        // The registration's own errors come first: a revoked one says so, whatever the peer.
+        // Holding a reference (not a use) while the peer's device lock is taken below blocks
+        // nothing a revocation or a removal waits for.
+        let reg = self.lookup(args.handle)?;
+        reg.shared.check_revoked()?;
         let peer = peer_device(args.peer_domain, args.peer_bdf)?;
         require_kernel_driver(&peer)?;
         // Addresses (bus addresses, or physical ones where the IOMMU passes DMA through) are
@@ -421,7 +426,6 @@ impl GdirectFile {
         if args.max_entries != 0 && !unsafe { bindings::capable(bindings::CAP_SYS_ADMIN as i32) } {
             return Err(EACCES);
         }
-        let reg = self.lookup(args.handle)?;
         // Copied out of the registration first: nothing that a revocation waits for is held
         // while the user's buffer is written (it may fault, or be served by userfaultfd).
         let (map_type, addrs) = reg.peer_addrs(&peer, args.first_page, args.max_entries)?;

@@ -203,6 +203,15 @@ impl RegShared {
         )
     }
 
+    /// `EKEYREVOKED` once revoked (a check that holds nothing; a use started later checks
+    /// again).
+    pub(crate) fn check_revoked(&self) -> Result {
+        if self.inner.lock().revoked {
+            return Err(error::revoked());
+        }
+        Ok(())
+    }
+
     /// Starts a use of the pages: `EKEYREVOKED` once revoked.
     pub(crate) fn begin_use(&self) -> Result<UseGuard<'_>> {
         let mut inner = self.inner.lock();

@@ -13,7 +13,9 @@ trap _unload_all EXIT
 
 _require_root
 _require_cmd gdirect gdirect-reg jq
-_load_module || ktap_exit_fail_msg "cannot load $GDIRECT_MODULE"
+# The GPU is the peer here, and a peer must be driven by a driver of the kernel (QUERY refuses
+# one with no driver, EUNATCH): its driver is loaded too.
+_load_all || ktap_exit_fail_msg "cannot load the modules"
 nvme0=$(_nvme_bdf_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
 nvme1=$(_nvme_bdf_by_serial "$GDIRECT_NVME1_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME1_SERIAL"
 gpu=$(_gpu_bdf)
