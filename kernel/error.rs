@@ -30,6 +30,11 @@ pub(crate) fn over_pin_limit() -> Error {
     errno(bindings::EDQUOT)
 }
 
+/// `EDQUOT`: the registration would exceed `max_pinned_bytes_per_user` for the caller's user.
+pub(crate) fn over_user_pin_limit() -> Error {
+    errno(bindings::EDQUOT)
+}
+
 /// `EPROTONOSUPPORT`: not a `GDIRECT_PROVIDER_*` value.
 pub(crate) fn unknown_provider() -> Error {
     errno(bindings::EPROTONOSUPPORT)

@@ -66,7 +66,9 @@ use crate::{
         RegShared,
         Registration, //
     },
-    stats, topology,
+    stats,
+    submitter::Submitter,
+    topology,
     uapi::{
         self,
         Cqe,
@@ -80,6 +82,10 @@ use crate::{
         StatsArgs,
         SubmitArgs,
         UnregisterArgs, //
+    },
+    users::{
+        self,
+        UserCharge, //
     },
 };
 
@@ -295,6 +301,8 @@ impl GdirectFile {
             revocations: stats::REVOCATIONS.load(Relaxed),
             max_pinned_bytes,
             max_registrations,
+            user_pinned_bytes: users::current_bytes(),
+            max_pinned_bytes_per_user: crate::max_pinned_bytes_per_user(),
             ..InfoArgs::default()
         };
         writer.write(&out)?;
@@ -319,6 +327,7 @@ impl GdirectFile {
             return Err(ERANGE);
         }
         let reservation = Reservation::new(&self.counters, args.len)?;
+        let user = UserCharge::new(args.len)?;
         let memlock = match args.provider {
             uapi::PROVIDER_HOST => MemlockCharge::new(args.len / provider::PAGE_SIZE)?,
             _ => None,
@@ -337,6 +346,7 @@ impl GdirectFile {
             pinned: pinned.pinned,
             counters: self.counters.clone(),
             _memlock: memlock,
+            _user: user,
         };
         // From here the registration's `Drop` gives the reservation back.
         reservation.commit(args.provider);
@@ -465,6 +475,7 @@ impl GdirectFile {
             args.file_offset,
             args.len,
             args.flags,
+            None,
         )?;
         let outcome = t.run().1?;
         args.bytes = outcome.bytes;
@@ -477,8 +488,8 @@ impl GdirectFile {
         Ok(0)
     }
 
-    /// The transfer an entry of a batch describes.
-    fn sqe_transfer(&self, sqe: &Sqe) -> Result<Transfer> {
+    /// The transfer an entry of a batch describes, to run as `submitter`.
+    fn sqe_transfer(&self, sqe: &Sqe, submitter: &Arc<Submitter>) -> Result<Transfer> {
         if sqe.pad != 0 || sqe.reserved != 0 {
             return Err(EINVAL);
         }
@@ -496,6 +507,7 @@ impl GdirectFile {
             sqe.file_offset,
             sqe.len,
             sqe.flags,
+            Some(submitter.clone()),
         )
     }
 
@@ -512,6 +524,8 @@ impl GdirectFile {
         let size = args.count as usize * core::mem::size_of::<Sqe>();
         let mut sqes = UserSlice::new(UserPtr::from_addr(args.sqes as usize), size).reader();
         let max = crate::max_in_flight();
+        // The batch runs on kernel workers, under this task's identity (see `submitter.rs`).
+        let submitter = Arc::new(Submitter::current(), GFP_KERNEL_ACCOUNT)?;
         let mut submitted = 0;
         let mut failure = None;
         while submitted < args.count {
@@ -520,7 +534,7 @@ impl GdirectFile {
             match sqes
                 .read::<Sqe>()
                 .and_then(|sqe| {
-                    let t = self.sqe_transfer(&sqe)?;
+                    let t = self.sqe_transfer(&sqe, &submitter)?;
                     Ok((t, sqe.user_data))
                 })
                 .and_then(|(t, user_data)| self.batches.submit(t, user_data, max))

@@ -29,8 +29,10 @@ mod path;
 mod provider;
 mod region;
 mod stats;
+mod submitter;
 mod topology;
 mod uapi;
+mod users;
 
 use file::GdirectFile;
 use misc::OwnedMiscDevice;
@@ -45,6 +47,10 @@ module! {
         max_pinned_bytes: u64 {
             default: 64 << 30,
             description: "Most bytes all registrations together may pin (default 64 GiB)",
+        },
+        max_pinned_bytes_per_user: u64 {
+            default: 0,
+            description: "Most bytes the registrations of one user (real uid) may pin; 0: only max_pinned_bytes applies (default 0)",
         },
         max_registrations: u32 {
             default: 65536,
@@ -69,6 +75,11 @@ pub(crate) fn limits() -> (u64, u32) {
     )
 }
 
+/// The per-user limit on pinned bytes, 0 for none (module parameter).
+pub(crate) fn max_pinned_bytes_per_user() -> u64 {
+    *module_parameters::max_pinned_bytes_per_user.value()
+}
+
 /// The per-file limit on batched transfers in flight (module parameter).
 pub(crate) fn max_in_flight() -> u32 {
     (*module_parameters::max_in_flight.value()).max(1)
@@ -81,8 +92,8 @@ pub(crate) const VERSION: (u32, u32, u32) = (0, 1, 0);
 const DEVICE_MODE: u16 = 0o660;
 
 /// Teardown runs in field order: no new file can be opened, then the batched transfers are
-/// drained, then the counters and the bounce pool go, and last the module waits until no GPU
-/// driver's free callback is still inside its code.
+/// drained, then the counters and the bounce pool go, then the module waits until no GPU
+/// driver's free callback is still inside its code, and last the list of users is freed.
 #[pin_data]
 struct GdirectModule {
     #[pin]
@@ -92,6 +103,7 @@ struct GdirectModule {
     _debugfs: stats::Debugfs,
     _bounce: BouncePool,
     _callbacks: CallbackFence,
+    _users: users::Users,
 }
 
 /// Waits, at the module's exit, for free callbacks still running the module's code.
@@ -117,6 +129,8 @@ impl kernel::InPlaceModule for GdirectModule {
         // SAFETY: called once, before the device exists, so before anything can use it.
         unsafe { provider::nvidia::GET_PUT.init() };
         try_pin_init!(Self {
+            // First: registrations look users up from the first open on.
+            _users: users::Users::init(),
             _bounce: {
                 bounce::init(*module_parameters::bounce_buffers.value())?;
                 BouncePool

@@ -51,6 +51,7 @@ use crate::{
     },
     region::Registration,
     stats,
+    submitter::Submitter,
     topology::{
         self,
         MapType, //
@@ -117,6 +118,8 @@ struct Target {
     disk: *mut bindings::gendisk,
     /// The disk's size in sectors now.
     sectors: u64,
+    /// A regular file (on a file system), not a block device.
+    regular: bool,
 }
 
 impl Target {
@@ -124,17 +127,17 @@ impl Target {
     fn of(file: &File) -> Result<Self> {
         let f = file.as_ptr();
         // SAFETY: `file` is a valid, referenced file; its inode and superblock live as long.
-        let bdev = unsafe {
+        let (bdev, regular) = unsafe {
             let inode = (*f).f_inode;
             let fmt = u32::from((*inode).i_mode) & bindings::S_IFMT;
             if fmt == bindings::S_IFBLK {
                 // The device node's inode is the file system's; the block device's inode is
                 // the mapping's host (`bdev_file_inode()`).
-                bindings::I_BDEV((*(*f).f_mapping).host)
+                (bindings::I_BDEV((*(*f).f_mapping).host), false)
             } else if fmt == bindings::S_IFREG {
-                (*(*inode).i_sb).s_bdev
+                ((*(*inode).i_sb).s_bdev, true)
             } else {
-                core::ptr::null_mut()
+                (core::ptr::null_mut(), false)
             }
         };
         if bdev.is_null() {
@@ -168,6 +171,7 @@ impl Target {
             transport,
             disk,
             sectors,
+            regular,
         })
     }
 
@@ -287,6 +291,10 @@ pub(crate) struct Transfer {
     force_bounce: bool,
     /// The disk's size in sectors when the request was submitted (see `Target::check_live`).
     sectors: u64,
+    /// A write to a regular file (the submitter's `RLIMIT_FSIZE` applies).
+    regular: bool,
+    /// For a batch's transfer: the task whose identity it runs under (`None`: the caller's).
+    submitter: Option<Arc<Submitter>>,
 }
 
 impl Transfer {
@@ -299,6 +307,7 @@ impl Transfer {
         file_offset: u64,
         len: u64,
         flags: u32,
+        submitter: Option<Arc<Submitter>>,
     ) -> Result<Self> {
         if flags & !uapi::IO_FLAGS != 0 || len == 0 {
             return Err(EINVAL);
@@ -336,11 +345,32 @@ impl Transfer {
             len,
             force_bounce: flags & uapi::IO_FORCE_BOUNCE != 0,
             sectors: target.sectors,
+            regular: target.regular,
+            submitter,
         })
     }
 
-    /// Runs the transfer and records it in the statistics.
+    /// Runs the transfer, under its submitter's identity for a batch's, and records it in the
+    /// statistics.
     pub(crate) fn run(&self) -> (u32, Result<Outcome>) {
+        match &self.submitter {
+            Some(s) => s.run(|| self.run_here()),
+            None => self.run_here(),
+        }
+    }
+
+    /// The bytes to move: all of them, but for a batch's write to a regular file, what the
+    /// submitter's file size limit allows (the caller's own write has the kernel check it).
+    fn len(&self) -> Result<u64> {
+        match &self.submitter {
+            Some(s) if self.dir == Dir::Write && self.regular => {
+                s.write_limit(self.file_offset, self.len)
+            }
+            _ => Ok(self.len),
+        }
+    }
+
+    fn run_here(&self) -> (u32, Result<Outcome>) {
         let _active = stats::ActiveTransfer::new();
         // SAFETY: no preconditions.
         let start = unsafe { bindings::ktime_get() };
@@ -352,26 +382,28 @@ impl Transfer {
             Ok(d) => d,
             Err(e) => return (path::PATH_BOUNCE, Err(e)),
         };
-        let result = match path {
-            path::PATH_BOUNCE => self.bounce(),
-            _ => self.direct(),
-        }
-        // A read that came back short because the device went away is a failure, not an end
-        // of file: report no bytes as transferred.
-        .and_then(|(bytes, eof, bounced)| match eof {
-            true => target
-                .check_live(self.sectors)
-                .map(|()| (bytes, eof, bounced)),
-            false => Ok((bytes, eof, bounced)),
-        })
-        .map(|(bytes, eof, bounce_bytes)| Outcome {
-            bytes,
-            path,
-            reason,
-            transport,
-            eof,
-            bounce_bytes,
-        });
+        let result = self
+            .len()
+            .and_then(|len| match path {
+                path::PATH_BOUNCE => self.bounce(len),
+                _ => self.direct(len),
+            })
+            // A read that came back short because the device went away is a failure, not an end
+            // of file: report no bytes as transferred.
+            .and_then(|(bytes, eof, bounced)| match eof {
+                true => target
+                    .check_live(self.sectors)
+                    .map(|()| (bytes, eof, bounced)),
+                false => Ok((bytes, eof, bounced)),
+            })
+            .map(|(bytes, eof, bounce_bytes)| Outcome {
+                bytes,
+                path,
+                reason,
+                transport,
+                eof,
+                bounce_bytes,
+            });
         // SAFETY: no preconditions.
         let ns = unsafe { bindings::ktime_get() } - start;
         stats::record_io(path, self.dir, reason, &result, ns);
@@ -405,10 +437,10 @@ impl Transfer {
     /// DMA straight between the file and the registration's pages, [`DIRECT_CHUNK`] bytes at a
     /// time, each under its own use of the pages: a revocation (`cudaFree`) waits for the chunk
     /// in flight, not for the rest of the transfer, which then fails with `EKEYREVOKED`.
-    fn direct(&self) -> Result<(u64, bool, u64)> {
+    fn direct(&self, len: u64) -> Result<(u64, bool, u64)> {
         let mut done = 0;
-        while done < self.len {
-            let n = (self.len - done).min(DIRECT_CHUNK);
+        while done < len {
+            let n = (len - done).min(DIRECT_CHUNK);
             let got = {
                 let _use = self.reg.shared.begin_use()?;
                 let bvecs = bvecs(&self.reg, self.buf_offset + done, n)?;
@@ -423,12 +455,12 @@ impl Transfer {
     }
 
     /// Through the bounce pool, one chunk at a time.
-    fn bounce(&self) -> Result<(u64, bool, u64)> {
+    fn bounce(&self, len: u64) -> Result<(u64, bool, u64)> {
         let pool = bounce::pool()?;
         let mut done = 0;
-        while done < self.len {
+        while done < len {
             let chunk = pool.acquire()?;
-            let n = (self.len - done).min(chunk.capacity());
+            let n = (len - done).min(chunk.capacity());
             let (pos, buf) = (self.file_offset + done, self.buf_offset + done);
             let moved = match self.dir {
                 Dir::Read => {

@@ -53,6 +53,7 @@ use crate::{
         MapType, //
     },
     uapi,
+    users::UserCharge,
 };
 
 unsafe extern "C" {
@@ -358,6 +359,8 @@ pub(crate) struct Registration {
     /// Host pages charged to the registering process (`RLIMIT_MEMLOCK`): held for its `Drop`,
     /// which uncharges them after the pages are unpinned (the field order).
     pub(crate) _memlock: Option<MemlockCharge>,
+    /// The bytes charged to the registering user (`max_pinned_bytes_per_user`).
+    pub(crate) _user: UserCharge,
 }
 
 impl Registration {

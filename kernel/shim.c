@@ -5,11 +5,16 @@
  * Rust passes as void * are the types named in each comment.
  */
 #include <linux/blkdev.h>
+#include <linux/cgroup.h>
+#include <linux/cred.h>
 #include <linux/dma-mapping.h>
 #include <linux/fs.h>
+#include <linux/kthread.h>
+#include <linux/memcontrol.h>
 #include <linux/mm.h>
 #include <linux/pci.h>
 #include <linux/pci-p2pdma.h>
+#include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
 #include <linux/workqueue.h>
 
@@ -71,6 +76,13 @@ void *gdirect_current_mm(void)
 	return current->mm;
 }
 
+/* fatal_signal_pending() and current are inline. */
+bool gdirect_fatal_signal_pending(void);
+bool gdirect_fatal_signal_pending(void)
+{
+	return fatal_signal_pending(current);
+}
+
 /* rlimit() is inline. */
 u64 gdirect_memlock_limit_pages(void);
 u64 gdirect_memlock_limit_pages(void)
@@ -128,4 +140,87 @@ void gdirect_device_unlock(void *dev);
 void gdirect_device_unlock(void *dev)
 {
 	device_unlock(dev);
+}
+
+/*
+ * The identity a batch's transfers run under (submitter.rs): the calls below
+ * are inline functions or macros, or (for the cgroup ones) inline stubs when
+ * the kernel is built without the controller.
+ */
+
+/* current_cred() is a macro; no reference is taken. Returns const struct cred * */
+const void *gdirect_current_cred(void);
+const void *gdirect_current_cred(void)
+{
+	return current_cred();
+}
+
+/* cred: const struct cred *; returns the one it replaces */
+const void *gdirect_override_creds(const void *cred);
+const void *gdirect_override_creds(const void *cred)
+{
+	return override_creds(cred);
+}
+
+/* cred: const struct cred *, as override_creds() returned it */
+const void *gdirect_revert_creds(const void *cred);
+const void *gdirect_revert_creds(const void *cred)
+{
+	return revert_creds(cred);
+}
+
+/* rlimit() is inline. */
+u64 gdirect_fsize_limit(void);
+u64 gdirect_fsize_limit(void)
+{
+	return rlimit(RLIMIT_FSIZE);
+}
+
+/* The caller's io (blkcg) css, referenced; NULL without CONFIG_BLK_CGROUP. */
+void *gdirect_current_blkcg_css(void);
+void *gdirect_current_blkcg_css(void)
+{
+#ifdef CONFIG_BLK_CGROUP
+	return task_get_css(current, io_cgrp_id);
+#else
+	return NULL;
+#endif
+}
+
+/* css: struct cgroup_subsys_state * */
+void gdirect_css_put(void *css);
+void gdirect_css_put(void *css)
+{
+	css_put(css);
+}
+
+/* css: struct cgroup_subsys_state * or NULL; inline without CONFIG_BLK_CGROUP */
+void gdirect_kthread_associate_blkcg(void *css);
+void gdirect_kthread_associate_blkcg(void *css)
+{
+	kthread_associate_blkcg(css);
+}
+
+/*
+ * The caller's memory cgroup, referenced (an inline returning NULL without
+ * CONFIG_MEMCG); with no mm it takes current's (root for a kernel thread).
+ */
+void *gdirect_current_memcg(void);
+void *gdirect_current_memcg(void)
+{
+	return get_mem_cgroup_from_mm(NULL);
+}
+
+/* memcg: struct mem_cgroup * or NULL; returns the one it replaces */
+void *gdirect_set_active_memcg(void *memcg);
+void *gdirect_set_active_memcg(void *memcg)
+{
+	return set_active_memcg(memcg);
+}
+
+/* memcg: struct mem_cgroup * or NULL */
+void gdirect_mem_cgroup_put(void *memcg);
+void gdirect_mem_cgroup_put(void *memcg)
+{
+	mem_cgroup_put(memcg);
 }

@@ -179,6 +179,11 @@ fn write_counters(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
     }
     let (max_pinned, max_regs) = crate::limits();
     writeln!(f, "max_pinned_bytes {max_pinned}")?;
+    writeln!(
+        f,
+        "max_pinned_bytes_per_user {}",
+        crate::max_pinned_bytes_per_user()
+    )?;
     writeln!(f, "max_registrations {max_regs}")
 }
 

@@ -141,7 +141,9 @@ uapi_struct! {
         max_pinned_bytes @ 72: u64,
         max_registrations @ 80: u32,
         pad3 @ 84: u32,
-        reserved @ 88: [u64; 4],
+        user_pinned_bytes @ 88: u64,
+        max_pinned_bytes_per_user @ 96: u64,
+        reserved @ 104: [u64; 2],
     }
 }
 

@@ -38,6 +38,8 @@ unsafe extern "C" {
     fn gdirect_pfn_valid(pfn: usize) -> i32;
     fn gdirect_pfn_to_page(pfn: usize) -> *mut core::ffi::c_void;
     fn gdirect_is_pci_p2pdma_page(page: *const core::ffi::c_void) -> bool;
+    /// `fatal_signal_pending(current)` (inline in C; `shim.c`).
+    fn gdirect_fatal_signal_pending() -> bool;
 }
 
 /// The `struct page` of physical address `phys` if it is a PCI P2PDMA page: device memory that
@@ -72,6 +74,10 @@ unsafe impl Sync for PagePtr {}
 /// User pages pinned with `pin_user_pages_fast`, unpinned on drop.
 pub(crate) struct UserPages {
     pages: KVVec<PagePtr>,
+    /// Host pages: devices may have written them (reads into host memory), so they are
+    /// unpinned dirty, as RDMA unpins writable memory, lest a shmem or memfd page that went
+    /// clean (swapped out and back) be dropped with the data. P2PDMA pages have no page cache.
+    host: bool,
 }
 
 /// Pages pinned per `pin_user_pages_fast` call; bounds the work done between checks.
@@ -96,9 +102,16 @@ impl UserPages {
         // Every page pinned so far is in `me`, whose drop unpins them if a later step fails.
         let mut me = Self {
             pages: KVVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?,
+            host: !p2pdma,
         };
         let mut batch = [core::ptr::null_mut::<bindings::page>(); PIN_BATCH];
         while me.pages.len() < n {
+            // A long pin stops for a fatal signal (`pin_user_pages_fast` checks only while it
+            // faults pages in), as GUP itself does: the caller is being killed.
+            // SAFETY: no preconditions.
+            if unsafe { gdirect_fatal_signal_pending() } {
+                return Err(EINTR);
+            }
             let want = (n - me.pages.len()).min(PIN_BATCH);
             let start = addr + me.pages.len() as u64 * PAGE_SIZE;
             // SAFETY: `batch` has room for `want` page pointers; the range is the caller's own
@@ -111,6 +124,9 @@ impl UserPages {
             // provider can pin.
             if got == ENOMEM.to_errno() {
                 return Err(ENOMEM);
+            }
+            if got == EINTR.to_errno() {
+                return Err(EINTR);
             }
             if got <= 0 {
                 return Err(ENXIO);
@@ -150,9 +166,15 @@ impl UserPages {
 impl Drop for UserPages {
     fn drop(&mut self) {
         if !self.pages.is_empty() {
-            // SAFETY: these pages were pinned by `pin_user_pages_fast` and are unpinned once.
+            let (pages, n) = (self.pages.as_mut_ptr().cast(), self.pages.len() as _);
+            // SAFETY: these pages were pinned by `pin_user_pages_fast` and are unpinned once;
+            // this runs in process or worker context, where marking a page dirty may sleep.
             unsafe {
-                bindings::unpin_user_pages(self.pages.as_mut_ptr().cast(), self.pages.len() as _)
+                if self.host {
+                    bindings::unpin_user_pages_dirty_lock(pages, n, true)
+                } else {
+                    bindings::unpin_user_pages(pages, n)
+                }
             };
         }
     }

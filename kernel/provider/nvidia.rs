@@ -365,12 +365,20 @@ impl NvidiaPages {
     }
 }
 
+/// Whether a warning a user can trigger (by what it registers and frees) may be printed now:
+/// the kernel's shared printk rate limit (`printk_ratelimit()`, 10 per 5 s), so that no user
+/// floods the log.
+fn printk_ratelimit() -> bool {
+    // SAFETY: `__printk_ratelimit` only reads the name, a NUL-terminated string.
+    unsafe { bindings::__printk_ratelimit(c"gdirect".as_char_ptr()) != 0 }
+}
+
 impl Drop for NvidiaPages {
     fn drop(&mut self) {
         if self.persistent {
             // SAFETY: the table came from `get_pages_persistent` and is put once.
             let ret = unsafe { (self.nv.put_pages_persistent)(self.va, self.table.as_ptr(), 0) };
-            if ret != 0 {
+            if ret != 0 && printk_ratelimit() {
                 pr_warn!("nvidia_p2p_put_pages_persistent failed: {ret}\n");
             }
             return;
@@ -394,7 +402,11 @@ impl Drop for NvidiaPages {
             // SAFETY: the table came from `get_pages`, is put at most once, and is live.
             let ret = unsafe { (self.nv.put_pages)(0, 0, self.va, self.table.as_ptr()) };
             if ret != 0 {
-                pr_warn!("nvidia_p2p_put_pages failed: {ret}; leaving the pages to the driver\n");
+                if printk_ratelimit() {
+                    pr_warn!(
+                        "nvidia_p2p_put_pages failed: {ret}; leaving the pages to the driver\n"
+                    );
+                }
                 if self.orphan(&[Callback::Putting]) {
                     return;
                 }

@@ -112,8 +112,11 @@ struct gdirect_info_args {
 	__u64 max_pinned_bytes; /* all registrations together */
 	__u32 max_registrations; /* per file */
 	__u32 pad3; /* must be 0 */
+	/* out: the caller's user (real uid), over all its processes and files */
+	__u64 user_pinned_bytes; /* bytes pinned by its registrations */
+	__u64 max_pinned_bytes_per_user; /* module parameter; 0: no limit of its own */
 	/* in, must be 0: room for later outputs */
-	__u64 reserved[4];
+	__u64 reserved[2];
 };
 
 #define GDIRECT_IOC_GET_INFO _IOWR(GDIRECT_IOC_MAGIC, 0x00, struct gdirect_info_args)
@@ -139,7 +142,9 @@ struct gdirect_info_args {
  *                  registration (the library's compat engine serves it). The
  *                  pages are put back before REGISTER returns.
  *  EDQUOT          pinning len more bytes would exceed max_pinned_bytes (the
- *                  module's limit over every provider and every process).
+ *                  module's limit over every provider and every process), or
+ *                  max_pinned_bytes_per_user for the caller's user (real uid;
+ *                  GET_INFO reports both limits and the user's pinned bytes).
  *  EMFILE          this file already holds max_registrations registrations.
  *  ENOENT          no registration with this handle was ever made on this file
  *                  (the handle carries this file's cookie, see EPERM).
@@ -169,6 +174,8 @@ struct gdirect_info_args {
  *                  bytes would take the caller past RLIMIT_MEMLOCK (host pages
  *                  count in the process's pinned_vm, as RDMA registrations do;
  *                  CAP_IPC_LOCK lifts the limit). Device memory is not charged.
+ *  EINTR           REGISTER: a fatal signal came while the pages were being
+ *                  pinned (the caller is being killed); nothing stays pinned.
  */
 
 /* REGISTER flags */
@@ -387,6 +394,12 @@ struct gdirect_io_args {
 /*
  * Batches: SUBMIT queues up to GDIRECT_BATCH_MAX transfers, which run
  * concurrently on the module's workqueue; REAP collects their completions.
+ * Each transfer runs under the identity of the task that called SUBMIT, as
+ * that task's own READ or WRITE would: its credentials (LSM checks; a write
+ * clears setuid/setgid bits as the task's would), its io and memory cgroups,
+ * and its RLIMIT_FSIZE as it was at SUBMIT (a write to a regular file at the
+ * limit completes with -EFBIG and sends SIGXFSZ to that task; one across the
+ * limit is cut at it).
  *
  * In flight are the transfers submitted and not yet reaped; a file may have at
  * most max_in_flight of them (module parameter, default 128). SUBMIT queues

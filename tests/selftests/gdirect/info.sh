@@ -64,8 +64,9 @@ schema='
 	(.providers == {"host": true, "nvidia": false, "p2pdma": true}) and
 	(.open_files == 1) and
 	(.counters == {"file_registrations": 0, "file_pinned_bytes": 0, "registrations": 0,
-	               "pinned_bytes": 0, "revocations": 0}) and
-	(.limits.max_pinned_bytes == 68719476736) and (.limits.max_registrations == 65536) and
+	               "pinned_bytes": 0, "revocations": 0, "user_pinned_bytes": 0}) and
+	(.limits == {"max_pinned_bytes": 68719476736, "max_pinned_bytes_per_user": 0,
+	             "max_registrations": 65536}) and
 	(keys == ["counters", "device", "library", "limits", "module", "open_files", "providers"])'
 matches_schema() { echo "$json" | jq -e "$schema" >/dev/null; }
 _test "JSON matches the schema and the module's answer" matches_schema

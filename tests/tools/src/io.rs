@@ -50,6 +50,10 @@
 //!                                 forced through the bounce path); each completion must be
 //!                                 whole; prints the sha256 of the bytes written and of the
 //!                                 bytes read back from DEV
+//!   credwrite sync|batch PATH OFFSET LEN
+//!                                 one write of LEN bytes from registered host memory to PATH
+//!                                 at OFFSET, synchronous or as a batch, as the caller; prints
+//!                                 `result=BYTES` (read back and compared) or `errno=NAME`
 //!   fiemap FILE                   the file's extents as its file system maps them (FIEMAP,
 //!                                 synced first): one `logical physical length flags` line each,
 //!                                 in bytes, so that the host can find the data in a drive image
@@ -123,6 +127,14 @@ fn main() -> ExitCode {
             match (args[2].parse(), args[3].parse(), args[4].parse()) {
                 (Ok(offset), Ok(count @ 1..=256), Ok(seed)) => {
                     batchwrite(&args[1], offset, count, seed)
+                }
+                _ => return usage(),
+            }
+        }
+        Some("credwrite") if args.len() == 5 => {
+            match (args[1].as_str(), args[3].parse(), args[4].parse()) {
+                (mode @ ("sync" | "batch"), Ok(offset), Ok(len @ 1..=16777216)) => {
+                    credwrite(mode == "batch", &args[2], offset, len)
                 }
                 _ => return usage(),
             }
@@ -355,6 +367,61 @@ fn batchwrite(dev: &str, offset: u64, count: u64, seed: u64) -> gdirect::Result<
     println!("writes={reaped} p2p={p2p} bounce={bounce} bounce_bytes={bounce_bytes}");
     println!("sha256_written={}", sha256_hex(&data));
     println!("sha256_read_back={}", sha256_hex(&back));
+    Ok(())
+}
+
+/// `credwrite sync|batch PATH OFFSET LEN`: writes `LEN` bytes of a pattern from registered host
+/// memory to `PATH` (opened `O_DIRECT`, not created) at `OFFSET`, by the synchronous `WRITE` or
+/// as a one-entry batch, as whoever runs it (batch_creds.sh compares the two). Prints
+/// `result=BYTES` or `errno=NAME`; the bytes a write reports are read back and compared.
+fn credwrite(batched: bool, path: &str, offset: u64, len: u64) -> gdirect::Result<()> {
+    let driver = Driver::open()?;
+    let mut mem = gdirect::HostBuffer::new(len as usize)?;
+    let data = pattern(offset ^ len, len as usize);
+    mem.as_mut_slice().copy_from_slice(&data);
+    let reg = driver.register(&mem)?;
+    let file = File::open_direct_rw(path)?;
+    let result = if batched {
+        let mut b = Batch::new();
+        b.write(&file, &reg, 0, offset, len, 7);
+        let queued = driver.submit(&b, 0)?;
+        check("the batch is queued", queued == 1, || {
+            format!("{queued} queued")
+        });
+        let done = driver.reap(1, true)?;
+        match done.into_iter().next() {
+            Some(c) => c.result,
+            None => {
+                check("the write completes", false, || "nothing reaped".into());
+                return Ok(());
+            }
+        }
+    } else {
+        match file.write_from(&reg, 0, offset, len) {
+            Ok(t) => Ok(t),
+            Err(e) => Err(e.errno().ok_or(e)?),
+        }
+    };
+    drop(reg);
+    match result {
+        Ok(t) => {
+            let back = buffered(path, offset, t.bytes as usize)?;
+            check(
+                "the file holds what the write reported",
+                back == data[..back.len()] && back.len() as u64 == t.bytes,
+                || {
+                    format!(
+                        "{} bytes reported, {} read back, equal: {}",
+                        t.bytes,
+                        back.len(),
+                        back == data[..back.len()]
+                    )
+                },
+            );
+            println!("result={}", t.bytes);
+        }
+        Err(errno) => println!("errno={errno:?}"),
+    }
     Ok(())
 }
 

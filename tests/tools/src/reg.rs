@@ -10,6 +10,13 @@
 //!   limits                         EDQUOT and EMFILE under small limits (module loaded with them)
 //!   revoke PEER [persistent]       free registered emulated GPU memory underneath
 //!   hold P2PMEM_BDF                register host, egpu and p2pmem memory, print ready, sleep
+//!   memcg SIZE COUNT               COUNT registrations of one host buffer of SIZE bytes: the
+//!                                  `kernel` bytes of the caller's memory cgroup before and after
+//!                                  (the page arrays, 8 bytes a page, are charged to it)
+//!   pin host|egpu SIZE [hold]      one registration of SIZE bytes as the caller: prints
+//!                                  `register=OK` (with the user's pinned bytes) or
+//!                                  `register=ERRNO error=MESSAGE`; with hold, then
+//!                                  `ready pid=PID`, and sleep until killed
 //!   stress THREADS CYCLES PEER     register/query/unregister loops on host and egpu memory
 //!   egpu-info                      the emulated GPU's allocations, mappings and callbacks
 //!   revoke-race ROUNDS PEER        free GPU memory while another thread queries and unregisters it
@@ -106,6 +113,16 @@ fn main() -> ExitCode {
         },
         (Some("revoke"), persistent) => match peer(1) {
             Some(p) => revoke(p, persistent),
+            _ => return usage(),
+        },
+        (Some("pin"), _) => match (arg(1), num(2), arg(3)) {
+            (Some(kind @ ("host" | "egpu")), Some(size), hold @ (None | Some("hold"))) => {
+                pin(kind, size, hold.is_some())
+            }
+            _ => return usage(),
+        },
+        (Some("memcg"), _) => match (num(1), num(2)) {
+            (Some(size), Some(count @ 1..=64)) => memcg(size, count),
             _ => return usage(),
         },
         (Some("hold"), _) => match peer(1) {
@@ -1082,6 +1099,69 @@ fn hold(p2p_dev: PciAddress) -> gdirect::Result<()> {
     loop {
         std::thread::sleep(std::time::Duration::from_secs(3600));
     }
+}
+
+fn pin(kind: &str, size: u64, hold: bool) -> gdirect::Result<()> {
+    let driver = Driver::open()?;
+    let gpu;
+    let mem: Box<dyn DeviceMemory> = match kind {
+        "host" => Box::new(HostBuffer::new(size as usize)?),
+        _ => {
+            gpu = Egpu::open()?;
+            Box::new(gpu.alloc(size)?)
+        }
+    };
+    let reg = match driver.register(&*mem) {
+        Ok(reg) => reg,
+        Err(e) => {
+            let errno = e.errno().map_or("none".into(), |n| format!("{n:?}"));
+            println!("register={errno} error={}", e.to_string().replace(' ', "_"));
+            return Ok(());
+        }
+    };
+    let info = driver.info()?;
+    println!(
+        "register=OK user_pinned_bytes={} max_pinned_bytes_per_user={}",
+        info.user_pinned_bytes, info.max_pinned_bytes_per_user
+    );
+    if hold {
+        println!("ready pid={}", std::process::id());
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
+    drop(reg);
+    Ok(())
+}
+
+/// The `kernel` bytes in the memory cgroup of this process (cgroup v2).
+fn memcg_kernel() -> Option<u64> {
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let stat = std::fs::read_to_string(format!("/sys/fs/cgroup{path}/memory.stat")).ok()?;
+    stat.lines()
+        .find_map(|l| l.strip_prefix("kernel "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn memcg(size: u64, count: u64) -> gdirect::Result<()> {
+    let driver = Driver::open()?;
+    let mut buf = HostBuffer::new(size as usize)?;
+    buf.as_mut_slice().fill(1);
+    let before = memcg_kernel();
+    let regs = (0..count)
+        .map(|_| driver.register(&buf))
+        .collect::<gdirect::Result<Vec<_>>>()?;
+    let after = memcg_kernel();
+    println!(
+        "registrations={} kernel_before={} kernel_after={} page_arrays={}",
+        regs.len(),
+        before.map_or("none".into(), |b| b.to_string()),
+        after.map_or("none".into(), |a| a.to_string()),
+        count * size / 4096 * 8
+    );
+    drop(regs);
+    Ok(())
 }
 
 fn stress(threads: u64, cycles: u64, peer: PciAddress) -> gdirect::Result<()> {

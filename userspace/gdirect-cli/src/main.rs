@@ -341,11 +341,13 @@ struct CountersJson {
     registrations: u64,
     pinned_bytes: u64,
     revocations: u64,
+    user_pinned_bytes: u64,
 }
 
 #[derive(Serialize)]
 struct LimitsJson {
     max_pinned_bytes: u64,
+    max_pinned_bytes_per_user: u64,
     max_registrations: u32,
 }
 
@@ -451,9 +453,11 @@ fn info(device: &PathBuf, json: bool) -> Result<(), Failure> {
                 registrations: info.registrations,
                 pinned_bytes: info.pinned_bytes,
                 revocations: info.revocations,
+                user_pinned_bytes: info.user_pinned_bytes,
             },
             limits: LimitsJson {
                 max_pinned_bytes: info.max_pinned_bytes,
+                max_pinned_bytes_per_user: info.max_pinned_bytes_per_user,
                 max_registrations: info.max_registrations,
             },
         });
@@ -500,6 +504,17 @@ fn print_info(device: &std::path::Path, info: &Info) {
         "pinned     {} registrations, {} bytes (limit {} bytes); {} revoked since load",
         info.registrations, info.pinned_bytes, info.max_pinned_bytes, info.revocations
     );
+    if info.max_pinned_bytes_per_user == 0 {
+        println!(
+            "this user  {} bytes pinned (no limit of its own)",
+            info.user_pinned_bytes
+        );
+    } else {
+        println!(
+            "this user  {} bytes pinned (limit {} bytes)",
+            info.user_pinned_bytes, info.max_pinned_bytes_per_user
+        );
+    }
     println!(
         "per file   at most {} registrations",
         info.max_registrations

@@ -103,6 +103,10 @@ pub struct Info {
     pub max_pinned_bytes: u64,
     /// The module's limit on registrations per open handle.
     pub max_registrations: u32,
+    /// Bytes pinned by the registrations of the caller's user (real uid), all its processes.
+    pub user_pinned_bytes: u64,
+    /// The module's limit on them; 0 when only `max_pinned_bytes` applies.
+    pub max_pinned_bytes_per_user: u64,
 }
 
 impl Info {
@@ -213,6 +217,8 @@ impl Driver {
             revocations: args.revocations,
             max_pinned_bytes: args.max_pinned_bytes,
             max_registrations: args.max_registrations,
+            user_pinned_bytes: args.user_pinned_bytes,
+            max_pinned_bytes_per_user: args.max_pinned_bytes_per_user,
         })
     }
 
@@ -278,6 +284,8 @@ mod tests {
             revocations: 0,
             max_pinned_bytes: 0,
             max_registrations: 0,
+            user_pinned_bytes: 0,
+            max_pinned_bytes_per_user: 0,
         };
         assert_eq!(info.providers().collect::<Vec<_>>(), vec![Provider::P2pdma]);
         assert!(!info.has_provider(Provider::Host));

@@ -135,6 +135,21 @@ pub enum Error {
         len: u64,
     },
 
+    /// The module's pinned-bytes limit for the caller's user would be exceeded.
+    #[error(
+        "registering {len} more bytes would exceed the module's max_pinned_bytes_per_user limit \
+         of {limit} bytes: this user (real uid, all its processes) has {pinned} pinned (see \
+         `gdirect info`; an administrator sets it: insmod gdirect.ko max_pinned_bytes_per_user=N)"
+    )]
+    UserPinLimit {
+        /// The length asked for.
+        len: u64,
+        /// The bytes the user had pinned.
+        pinned: u64,
+        /// The limit.
+        limit: u64,
+    },
+
     /// The file holds the most registrations the module allows.
     #[error("this handle holds max_registrations registrations already (module parameter)")]
     TooManyRegistrations,
@@ -338,7 +353,7 @@ impl Error {
             Self::Misaligned { .. } => Some(Errno::ERANGE),
             Self::NotProviderMemory { .. } => Some(Errno::ENXIO),
             Self::NoStructPages { .. } => Some(Errno::EMEDIUMTYPE),
-            Self::PinLimit { .. } => Some(Errno::EDQUOT),
+            Self::PinLimit { .. } | Self::UserPinLimit { .. } => Some(Errno::EDQUOT),
             Self::TooManyRegistrations => Some(Errno::EMFILE),
             Self::ProviderUnavailable { .. } => Some(Errno::EOPNOTSUPP),
             Self::Revoked { .. } => Some(Errno::EKEYREVOKED),

@@ -199,7 +199,21 @@ impl Driver {
                 len,
             },
             Errno::EMEDIUMTYPE => Error::NoStructPages { addr, len },
-            Errno::EDQUOT => Error::PinLimit { len },
+            // Which limit: the user's, when it is set and this registration goes past it.
+            Errno::EDQUOT => match self.info() {
+                Ok(i)
+                    if i.max_pinned_bytes_per_user != 0
+                        && i.user_pinned_bytes.saturating_add(len)
+                            > i.max_pinned_bytes_per_user =>
+                {
+                    Error::UserPinLimit {
+                        len,
+                        pinned: i.user_pinned_bytes,
+                        limit: i.max_pinned_bytes_per_user,
+                    }
+                }
+                _ => Error::PinLimit { len },
+            },
             Errno::EMFILE => Error::TooManyRegistrations,
             Errno::EOPNOTSUPP => Error::ProviderUnavailable { provider },
             errno => self.ioctl_error("GDIRECT_IOC_REGISTER", errno),

@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: GPL-2.0
+
+// Copyright (C) 2026 The gdirect authors.
+
+//! Pinned bytes per user: `max_pinned_bytes_per_user` keeps the registrations of one user (real
+//! uid, over all its processes and files) from taking the whole of `max_pinned_bytes`, so that
+//! one user cannot make every other one get `EDQUOT`.
+//!
+//! A registration holds a [`UserCharge`]; the users with something pinned are kept in a short
+//! list, looked up at `REGISTER` under its lock. A charge is given back without the lock (an
+//! atomic subtraction), so a registration may end in any context; a user whose bytes are back at
+//! zero leaves the list at the next lookup.
+
+use kernel::{
+    prelude::*,
+    sync::{
+        atomic::{
+            Atomic,
+            Relaxed, //
+        },
+        Arc, //
+    },
+};
+
+use crate::error;
+
+/// The bytes one user has pinned.
+struct UserPins {
+    /// The real uid, as the kernel knows it (`kuid_t`, the initial namespace's value).
+    uid: u32,
+    bytes: Atomic<u64>,
+}
+
+kernel::sync::global_lock! {
+    // SAFETY: `init` initializes it from the module's init, before any file is opened.
+    unsafe(uninit) static USERS: Mutex<KVec<Arc<UserPins>>> = KVec::new();
+}
+
+/// Owns the list for the module's lifetime: made usable at init, emptied at exit.
+pub(crate) struct Users;
+
+impl Users {
+    /// Makes the list usable. Called once, from the module's init.
+    pub(crate) fn init() -> Self {
+        // SAFETY: called once, from the module's init, before anything uses `USERS`.
+        unsafe { USERS.init() };
+        Self
+    }
+}
+
+impl Drop for Users {
+    fn drop(&mut self) {
+        // At the module's exit no file is open, so no registration holds a charge: free what
+        // the list still holds (users whose bytes went back to zero since the last lookup).
+        let users = core::mem::take(&mut *USERS.lock());
+        drop(users);
+    }
+}
+
+/// The calling task's real uid.
+fn current_uid() -> u32 {
+    kernel::current!().uid().into_raw().val
+}
+
+/// The bytes the calling task's user has pinned now.
+pub(crate) fn current_bytes() -> u64 {
+    let uid = current_uid();
+    USERS
+        .lock()
+        .iter()
+        .find(|u| u.uid == uid)
+        .map_or(0, |u| u.bytes.load(Relaxed))
+}
+
+/// Bytes charged to a user, given back on drop.
+pub(crate) struct UserCharge {
+    user: Arc<UserPins>,
+    bytes: u64,
+}
+
+impl UserCharge {
+    /// Charges `bytes` to the calling task's user: `EDQUOT` past `max_pinned_bytes_per_user`
+    /// (0: no limit of its own).
+    pub(crate) fn new(bytes: u64) -> Result<Self> {
+        let uid = current_uid();
+        let max = crate::max_pinned_bytes_per_user();
+        let mut users = USERS.lock();
+        // Users with nothing pinned leave; none is being charged (that happens under the lock).
+        users.retain(|u| u.bytes.load(Relaxed) != 0);
+        let user = match users.iter().find(|u| u.uid == uid) {
+            Some(u) => u.clone(),
+            None => {
+                let u = Arc::new(
+                    UserPins {
+                        uid,
+                        bytes: Atomic::new(0),
+                    },
+                    GFP_KERNEL,
+                )?;
+                users.push(u.clone(), GFP_KERNEL)?;
+                u
+            }
+        };
+        let before = user.bytes.fetch_add(bytes, Relaxed);
+        if max != 0 && before.checked_add(bytes).is_none_or(|total| total > max) {
+            user.bytes.fetch_sub(bytes, Relaxed);
+            return Err(error::over_user_pin_limit());
+        }
+        Ok(Self { user, bytes })
+    }
+}
+
+impl Drop for UserCharge {
+    fn drop(&mut self) {
+        self.user.bytes.fetch_sub(self.bytes, Relaxed);
+    }
+}

@@ -1,0 +1,99 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# A batch runs on the module's kernel workers, yet under the identity of the
+# task that submitted it, exactly as that task's own write would:
+#  - its credentials: a user's batch write to its setuid file clears the bit,
+#    as the synchronous write does; root's keeps it (CAP_FSETID), both ways,
+#    which shows the check tells the two apart;
+#  - its RLIMIT_FSIZE: at the limit the write fails with EFBIG, across it the
+#    write is cut at the limit, for the batch as for the synchronous write;
+#  - its io cgroup: the bytes of a batch write submitted from a cgroup show in
+#    that cgroup's io.stat for the drive.
+# Every write is read back and compared by gdirect-io.
+
+. "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+
+mnt=/mnt/gdirect-creds
+cg=
+mounted_cg=
+cleanup() {
+	[ -n "$cg" ] && rmdir "$cg" 2>/dev/null
+	[ -n "$mounted_cg" ] && umount "$mounted_cg" 2>/dev/null
+	umount "$mnt" 2>/dev/null
+	_unload_all
+}
+trap cleanup EXIT
+
+_require_root
+_fs_setup ext4 gdirect-io gdirect jq
+_load_module || ktap_exit_fail_msg "cannot load $GDIRECT_MODULE"
+_add_test_user
+chgrp gdirect /dev/gdirect && chmod 0660 /dev/gdirect
+K=1024
+
+ktap_print_header
+ktap_set_plan 12
+
+_test "ext4 made on $FS_DEV and mounted" _fs_make ext4 "$FS_DEV" "$mnt"
+mkdir -p "$mnt/u" && chown gduser:gduser "$mnt/u"
+
+# Usage: suid_case WHO MODE: WHO (user or root) writes 64 KiB with MODE into a
+# setuid file of the user's; prints the result and whether the bit is still set.
+suid_case() {
+	f=$mnt/u/suid-$1-$2
+	_as_user "dd if=/dev/zero of=$f bs=64k count=2 2>/dev/null" && chmod 4755 "$f"
+	case $1 in
+	user) out=$(_as_user gdirect-io credwrite "$2" "$f" 0 $((64 * K))) ;;
+	root) out=$(gdirect-io credwrite "$2" "$f" 0 $((64 * K))) ;;
+	esac
+	[ -u "$f" ] && echo "$(_kv "$out" result) setuid" || echo "$(_kv "$out" result) cleared"
+}
+for mode in sync batch; do
+	_test "user, $mode write: whole, and the setuid bit cleared" \
+		_expect_eq "result bit" "$((64 * K)) cleared" "$(suid_case user $mode)"
+done
+for mode in sync batch; do
+	_test "root, $mode write: whole, and the setuid bit kept (CAP_FSETID)" \
+		_expect_eq "result bit" "$((64 * K)) setuid" "$(suid_case root $mode)"
+done
+
+# The user's file size limit: 2048 blocks, read back in bytes from the limits the
+# shell that runs the writes has (SIGXFSZ ignored there, so the writes return).
+f=$mnt/u/fsize
+_as_user ": >$f"
+out=$(_as_user "ulimit -f 2048; trap '' XFSZ
+	lim=\$(sed -n 's/^Max file size *\([0-9]*\) .*/\1/p' /proc/self/limits)
+	echo limit=\$lim
+	for mode in sync batch; do
+		echo \$mode-at=\$(gdirect-io credwrite \$mode $f \$lim $((64 * K)) | tr '\n' ' ')
+		echo \$mode-across=\$(gdirect-io credwrite \$mode $f \$((lim - 16 * $K)) $((64 * K)) | tr '\n' ' ')
+	done")
+ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
+lim=$(_kv "$out" limit)
+_test "RLIMIT_FSIZE is set for the user's writes" sh -c "[ '${lim:-0}' -gt 0 ] && [ $((${lim:-0} % (4 * K))) -eq 0 ]"
+for mode in sync batch; do
+	_test "$mode write at the limit: EFBIG" _expect_eq "$mode-at" "errno=EFBIG" "$(_kv "$out" "$mode-at" | sed 's/ $//')"
+	_test "$mode write across the limit: cut at it (16 KiB)" \
+		_expect_eq "$mode-across" "result=$((16 * K))" "$(_kv "$out" "$mode-across" | sed 's/ $//')"
+done
+
+# The io cgroup: a batch write of 4 MiB submitted from a child cgroup.
+if ! grep -q '^cgroup2 /sys/fs/cgroup ' /proc/mounts; then
+	mkdir -p /sys/fs/cgroup && mount -t cgroup2 none /sys/fs/cgroup && mounted_cg=/sys/fs/cgroup
+fi
+echo +io >/sys/fs/cgroup/cgroup.subtree_control
+cg=/sys/fs/cgroup/gdirect-batch
+mkdir -p "$cg"
+majmin=$(cat "/sys/class/block/$(basename "$FS_DEV")/dev")
+: >"$mnt/blkcg"
+out=$(sh -c "echo \$\$ >$cg/cgroup.procs && exec gdirect-io credwrite batch $mnt/blkcg 0 $((4096 * K))")
+wbytes=$(sed -n "s/^$majmin .*wbytes=\([0-9]*\).*/\1/p" "$cg/io.stat")
+ktap_print_msg "batch write from $cg: $out; its io.stat for $majmin: wbytes=${wbytes:-none}"
+_test "a batch write's bytes are charged to the submitter's io cgroup" \
+	sh -c "[ '$(_kv "$out" result)' = $((4096 * K)) ] && [ '${wbytes:-0}' -ge $((4096 * K)) ]"
+
+_test "nothing stays registered or pinned" \
+	_expect_eq counters "0 0" "$(_info .counters.registrations) $(_info .counters.pinned_bytes)"
+
+ktap_finished
