@@ -32,6 +32,10 @@ use kernel::{
     prelude::*,
     sync::{
         aref::ARef,
+        atomic::{
+            Atomic,
+            Relaxed, //
+        },
         Arc, //
     },
 };
@@ -106,10 +110,12 @@ pub(crate) struct Outcome {
 /// The smallest logical block there is. (Evaluated at build time: no panic path.)
 const SECTOR: NonZeroU64 = NonZeroU64::new(512).unwrap();
 
-/// The block device behind a file, as far as the data path cares.
+/// The block device behind a file, as far as the data path cares. Found once per transfer, when
+/// it is checked; its pointers stay valid while the transfer holds the file.
 struct Target {
     logical_block_size: NonZeroU64,
-    queue_p2p: bool,
+    /// The disk's queue: whether it takes P2PDMA pages is read again when the transfer runs.
+    queue: *mut bindings::request_queue,
     /// The PCI device that DMAs for the storage (the NVMe controller), if one is found.
     dma_dev: Option<ARef<pci::Device>>,
     /// `GDIRECT_TRANSPORT_*`.
@@ -120,6 +126,37 @@ struct Target {
     sectors: u64,
     /// A regular file (on a file system), not a block device.
     regular: bool,
+}
+
+// SAFETY: the disk and queue pointers are only dereferenced while the transfer that holds this
+// value holds the open file, whose block device holds them; they may be used from any thread.
+unsafe impl Send for Target {}
+// SAFETY: as above; shared references only read through them.
+unsafe impl Sync for Target {}
+
+/// Transports of the disks used lately, by `diskseq` (unique per disk and per media change,
+/// never reused): `diskseq << 8 | transport`, 0 for none, direct-mapped by `diskseq % 8`. Reading
+/// the controller's `transport` attribute costs a page and a scan of attribute groups, which a
+/// 4 KiB read should not pay each time.
+static TRANSPORTS: [Atomic<u64>; 8] = [const { Atomic::new(0) }; 8];
+
+/// The transport of `disk`, whose device is `disk_dev` (see [`TRANSPORTS`]).
+fn transport_of(disk: *mut bindings::gendisk, disk_dev: *mut bindings::device, pci: bool) -> u32 {
+    // SAFETY: the disk of an open file's block device outlives the file; `diskseq` is set
+    // before the disk is added and changes only with its media.
+    let seq = unsafe { (*disk).diskseq };
+    let slot = &TRANSPORTS[(seq % TRANSPORTS.len() as u64) as usize];
+    let cached = slot.load(Relaxed);
+    if cached != 0 && cached >> 8 == seq {
+        return (cached & 0xff) as u32;
+    }
+    let transport = match nvme_transport(disk_dev) {
+        Some(t) => t,
+        None if pci => uapi::TRANSPORT_PCIE,
+        None => uapi::TRANSPORT_UNKNOWN,
+    };
+    slot.store(seq << 8 | u64::from(transport & 0xff), Relaxed);
+    transport
 }
 
 impl Target {
@@ -152,21 +189,15 @@ impl Target {
         let logical_block_size =
             NonZeroU64::new(u64::from(unsafe { (*queue).limits.logical_block_size }))
                 .map_or(SECTOR, |lbs| lbs.max(SECTOR));
-        // SAFETY: as above.
-        let queue_p2p = unsafe { gdirect_blk_queue_pci_p2pdma(queue.cast()) };
         let dma_dev = pci_ancestor(disk_dev);
         // SAFETY: as above.
         let disk = unsafe { (*bdev).bd_disk };
-        let transport = match nvme_transport(disk_dev) {
-            Some(t) => t,
-            None if dma_dev.is_some() => uapi::TRANSPORT_PCIE,
-            None => uapi::TRANSPORT_UNKNOWN,
-        };
+        let transport = transport_of(disk, disk_dev, dma_dev.is_some());
         // SAFETY: as above.
         let sectors = unsafe { gdirect_get_capacity(disk.cast()) };
         Ok(Self {
             logical_block_size,
-            queue_p2p,
+            queue,
             dma_dev,
             transport,
             disk,
@@ -289,10 +320,9 @@ pub(crate) struct Transfer {
     file_offset: u64,
     len: u64,
     force_bounce: bool,
-    /// The disk's size in sectors when the request was submitted (see `Target::check_live`).
-    sectors: u64,
-    /// A write to a regular file (the submitter's `RLIMIT_FSIZE` applies).
-    regular: bool,
+    /// The file's block device, as it was when the request was checked (its size then: see
+    /// `Target::check_live`).
+    target: Target,
     /// For a batch's transfer: the task whose identity it runs under (`None`: the caller's).
     submitter: Option<Arc<Submitter>>,
 }
@@ -344,8 +374,7 @@ impl Transfer {
             file_offset,
             len,
             force_bounce: flags & uapi::IO_FORCE_BOUNCE != 0,
-            sectors: target.sectors,
-            regular: target.regular,
+            target,
             submitter,
         })
     }
@@ -363,7 +392,7 @@ impl Transfer {
     /// submitter's file size limit allows (the caller's own write has the kernel check it).
     fn len(&self) -> Result<u64> {
         match &self.submitter {
-            Some(s) if self.dir == Dir::Write && self.regular => {
+            Some(s) if self.dir == Dir::Write && self.target.regular => {
                 s.write_limit(self.file_offset, self.len)
             }
             _ => Ok(self.len),
@@ -374,11 +403,8 @@ impl Transfer {
         let _active = stats::ActiveTransfer::new();
         // SAFETY: no preconditions.
         let start = unsafe { bindings::ktime_get() };
-        let target = match Target::of(&self.file) {
-            Ok(t) => t,
-            Err(e) => return (path::PATH_BOUNCE, Err(e)),
-        };
-        let (path, reason, transport) = match self.decide(&target) {
+        let target = &self.target;
+        let (path, reason, transport) = match self.decide(target) {
             Ok(d) => d,
             Err(e) => return (path::PATH_BOUNCE, Err(e)),
         };
@@ -392,7 +418,7 @@ impl Transfer {
             // of file: report no bytes as transferred.
             .and_then(|(bytes, eof, bounced)| match eof {
                 true => target
-                    .check_live(self.sectors)
+                    .check_live(target.sectors)
                     .map(|()| (bytes, eof, bounced)),
                 false => Ok((bytes, eof, bounced)),
             })
@@ -412,23 +438,30 @@ impl Transfer {
 
     /// The path, the reason for it, and the transport.
     fn decide(&self, target: &Target) -> Result<(u32, u32, u32)> {
-        target.check_live(self.sectors)?;
+        target.check_live(target.sectors)?;
         let memory = {
             let _use = self.reg.shared.begin_use()?;
             memory_kind(&self.reg)
         };
         let reach = match (&target.dma_dev, &self.reg.owner) {
             (None, _) => Reach::Unknown,
-            (Some(dev), Some(owner)) => match topology::map_type(&owner.dev, dev) {
+            // The PCI topology is looked at once per (memory, storage device) pair.
+            (Some(dev), Some(owner)) => match self
+                .reg
+                .shared
+                .map_type_for(dev, || topology::map_type(&owner.dev, dev))
+            {
                 MapType::NotSupported => Reach::NotSupported,
                 MapType::BusAddr | MapType::ThruHostBridge => Reach::Supported,
             },
             (Some(_), None) => Reach::Supported,
         };
+        // SAFETY: the queue of an open file's block device outlives the file.
+        let queue_p2p = unsafe { gdirect_blk_queue_pci_p2pdma(target.queue.cast()) };
         let (path, reason) = path::decide(Facts {
             force_bounce: self.force_bounce,
             memory,
-            queue_p2p: target.queue_p2p,
+            queue_p2p,
             reach,
         });
         Ok((path, reason, target.transport))

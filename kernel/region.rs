@@ -160,6 +160,9 @@ struct SharedInner {
     peers: KVec<PeerMapping>,
     /// Set once nvidia pages are pinned.
     nvidia: Option<NvidiaRevoke>,
+    /// The map type from the owner to the storage device last read through (a one-entry
+    /// cache; the device is referenced, so its address names it while cached).
+    map_type: Option<(ARef<pci::Device>, MapType)>,
 }
 
 // SAFETY: the page table pointer is only passed back to the GPU driver that made it.
@@ -197,6 +200,7 @@ impl RegShared {
                     callback: Callback::None,
                     peers: KVec::new(),
                     nvidia: None,
+                    map_type: None,
                 }, "RegShared::inner"),
                 changed <- new_condvar!("RegShared::changed"),
             }),
@@ -221,6 +225,26 @@ impl RegShared {
         }
         inner.users += 1;
         Ok(UseGuard(self))
+    }
+
+    /// The map type from the registration's owner to `dev`: `compute`d once per storage device
+    /// and kept, as the kernel's P2PDMA code keeps its verdict per (provider, client) pair
+    /// (`pci_p2pdma::map_types`). A 4 KiB read does not walk the PCI hierarchy again.
+    pub(crate) fn map_type_for(
+        &self,
+        dev: &ARef<pci::Device>,
+        compute: impl FnOnce() -> MapType,
+    ) -> MapType {
+        if let Some((cached, m)) = &self.inner.lock().map_type {
+            if core::ptr::eq::<pci::Device>(&**cached, &**dev) {
+                return *m;
+            }
+        }
+        let m = compute();
+        let old = self.inner.lock().map_type.replace((dev.clone(), m));
+        // The device reference is put with no lock held.
+        drop(old);
+        m
     }
 
     /// Records what the nvidia free callback hands back.

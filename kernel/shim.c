@@ -66,9 +66,18 @@ s64 gdirect_mm_pinned_add(void *mm, s64 pages)
 }
 
 /*
- * current->mm (`current` is an inline). Not read from Rust: in this kernel's
- * Rust bindings struct task_struct does not match C's layout (mm at 864, not
- * 912, bytes), so the kernel crate's CurrentTask::mm() reads another field.
+ * current->mm (`current` is an inline). Not read from Rust: the Rust bindings
+ * of a kernel built without CONFIG_SCHEDSTATS (the rig's) misplace every
+ * task_struct field from `stats` on by 48 bytes (mm at 864, not 912), so the
+ * kernel crate's CurrentTask::mm() reads pushable_tasks.prio_list.prev, and
+ * Task::pid() and group_leader() read other fields too. The cause is bindgen
+ * (0.73, and upstream): the empty `struct sched_statistics {}
+ * ____cacheline_aligned` gets no #[repr(align(64))] (a zero-sized struct never
+ * gets an explicit alignment), so Rust lays it out at 720 where C puts it at
+ * 768. It is no option the module can count on being set (distribution
+ * kernels have SCHEDSTATS=y, where the struct is not empty and the layout
+ * right), so the module reads no task_struct field from Rust: only through C
+ * (this helper) or the kernel's functions (task_uid, task_tgid_nr_ns, ...).
  */
 void *gdirect_current_mm(void);
 void *gdirect_current_mm(void)
