@@ -1042,8 +1042,11 @@ struct MapRead {
 
 impl MapRead {
     fn new(f: &mut StdFile, offset: u64, len: u64) -> gdirect::Result<Self> {
-        let size = std::num::NonZeroUsize::new(len as usize)
-            .ok_or(Error::OutOfRegistration { handle: 0 })?;
+        let size = std::num::NonZeroUsize::new(len as usize).ok_or(Error::OutOfRegistration {
+            handle: 0,
+            buf_offset: 0,
+            len: 0,
+        })?;
         // SAFETY: a new shared read-only mapping; nothing else in this program aliases it.
         let ptr = unsafe {
             nix::sys::mman::mmap(

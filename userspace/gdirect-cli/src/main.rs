@@ -276,7 +276,7 @@ fn main() -> ExitCode {
                 print_json(&ErrorJson {
                     device: cli.device.display().to_string(),
                     error: ErrorDetail {
-                        kind: error_kind(&failure.error),
+                        kind: failure.error.kind().name(),
                         message: failure.error.to_string(),
                         errno: failure.error.errno().map(|e| format!("{e:?}")),
                     },
@@ -374,44 +374,6 @@ struct ErrorDetail {
     kind: &'static str,
     message: String,
     errno: Option<String>,
-}
-
-fn error_kind(err: &Error) -> &'static str {
-    match err {
-        Error::ModuleNotLoaded { .. } => "module_not_loaded",
-        Error::PermissionDenied { .. } => "permission_denied",
-        Error::NotGdirect { .. } => "not_gdirect",
-        Error::VersionMismatch { .. } => "version_mismatch",
-        Error::Open { .. } => "open",
-        Error::DeviceMissing { .. } => "device_missing",
-        Error::Allocation { .. } => "allocation",
-        Error::Misaligned { .. } => "misaligned",
-        Error::NotProviderMemory { .. } => "not_provider_memory",
-        Error::NoStructPages { .. } => "no_struct_pages",
-        Error::PinLimit { .. } => "pin_limit",
-        Error::TooManyRegistrations => "too_many_registrations",
-        Error::ProviderUnavailable { .. } => "provider_unavailable",
-        Error::Revoked { .. } => "revoked",
-        Error::NoSuchPeer { .. } => "no_such_peer",
-        Error::PeerNotKernelDriven { .. } => "peer_not_kernel_driven",
-        Error::AddressesNeedAdmin { .. } => "addresses_need_admin",
-        Error::NotDirect { .. } => "not_direct",
-        Error::BadFile { .. } => "bad_file",
-        Error::IoMisaligned { .. } => "io_misaligned",
-        Error::OutOfRegistration { .. } => "out_of_registration",
-        Error::NotBlockBacked { .. } => "not_block_backed",
-        Error::DeviceGone { .. } => "device_gone",
-        Error::Io { .. } => "io",
-        Error::Submit { .. } => "submit",
-        Error::OpenFile { .. } => "open_file",
-        Error::Ioctl { .. } => "ioctl",
-        Error::FileIo { .. } => "file_io",
-        Error::OutOfMemoryRange { .. } => "out_of_memory_range",
-        Error::BadSetting { .. } => "bad_setting",
-        Error::Cuda { .. } => "cuda",
-        Error::Worker { .. } => "worker",
-        _ => "other",
-    }
 }
 
 fn print_json(value: &impl Serialize) {
@@ -929,7 +891,11 @@ fn read(device: &PathBuf, job: &ReadJob) -> Result<(), Failure> {
         * 4096;
     if len == 0 {
         return Err(Failure {
-            error: Error::OutOfRegistration { handle: 0 },
+            error: Error::OutOfRegistration {
+                handle: 0,
+                buf_offset: 0,
+                len: 0,
+            },
             json,
         });
     }
@@ -1128,7 +1094,11 @@ fn write(
     let len = len.min(data.len() as u64);
     if len == 0 {
         return Err(Failure {
-            error: Error::OutOfRegistration { handle: 0 },
+            error: Error::OutOfRegistration {
+                handle: 0,
+                buf_offset: 0,
+                len: 0,
+            },
             json,
         });
     }

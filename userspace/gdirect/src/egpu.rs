@@ -328,7 +328,11 @@ impl EgpuAllocation {
             Some(_) if self.bar_offset + self.len <= bar_len => {
                 Ok((self.bar_offset + offset) as usize)
             }
-            _ => Err(Error::OutOfRegistration { handle: self.va }),
+            _ => Err(Error::OutOfMemoryRange {
+                offset,
+                len: len as u64,
+                size: self.len,
+            }),
         }
     }
 

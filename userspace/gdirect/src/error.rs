@@ -42,6 +42,7 @@ pub enum Error {
         /// The device path.
         path: PathBuf,
         /// The error of open(2).
+        #[source]
         errno: Errno,
     },
 
@@ -51,6 +52,7 @@ pub enum Error {
         /// The path opened.
         path: PathBuf,
         /// The error of the ioctl (`ENOTTY` for a device of another driver).
+        #[source]
         errno: Errno,
     },
 
@@ -83,6 +85,7 @@ pub enum Error {
         /// What was asked for.
         what: String,
         /// The error.
+        #[source]
         errno: Errno,
     },
 
@@ -199,6 +202,7 @@ pub enum Error {
         /// The file.
         path: PathBuf,
         /// The error of open(2).
+        #[source]
         errno: Errno,
     },
 
@@ -217,17 +221,31 @@ pub enum Error {
     },
 
     /// Offsets or length are not multiples of the file's logical block size.
-    #[error("transfer on {path}: file offset, buffer offset and length must be multiples of its logical block size")]
+    #[error(
+        "transfer of {len} bytes at file offset {file_offset} (buffer offset {buf_offset}) on \
+         {path}: file offset, buffer offset and length must be multiples of its logical block \
+         size (512 bytes or more; `blockdev --getss`)"
+    )]
     IoMisaligned {
         /// The file.
         path: PathBuf,
+        /// The file offset given.
+        file_offset: u64,
+        /// The offset in the registration given.
+        buf_offset: u64,
+        /// The length given.
+        len: u64,
     },
 
     /// The buffer range is past the end of the registration.
-    #[error("registration {handle:#x} is shorter than buf_offset + len")]
+    #[error("{len} bytes at offset {buf_offset} do not fit in registration {handle:#x}")]
     OutOfRegistration {
         /// The registration's handle.
         handle: u64,
+        /// The offset in the registration given.
+        buf_offset: u64,
+        /// The length given.
+        len: u64,
     },
 
     /// The file is not on a block device.
@@ -253,6 +271,7 @@ pub enum Error {
         /// The file.
         path: PathBuf,
         /// The error the file's read_iter/write_iter returned.
+        #[source]
         errno: Errno,
         /// The device path.
         driver: PathBuf,
@@ -264,6 +283,7 @@ pub enum Error {
         /// The index of the refused entry in the batch.
         index: usize,
         /// Its errno (see the uapi header).
+        #[source]
         errno: Errno,
     },
 
@@ -275,6 +295,7 @@ pub enum Error {
         /// The file offset of the failed read.
         offset: u64,
         /// The error of the read.
+        #[source]
         errno: Errno,
     },
 
@@ -324,11 +345,51 @@ pub enum Error {
         /// The device path.
         path: PathBuf,
         /// The errno the module returned; its meaning is documented in the header.
+        #[source]
         errno: Errno,
     },
 }
 
 impl Error {
+    /// The kind of error, without its fields.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::ModuleNotLoaded { .. } => ErrorKind::ModuleNotLoaded,
+            Self::PermissionDenied { .. } => ErrorKind::PermissionDenied,
+            Self::NotGdirect { .. } => ErrorKind::NotGdirect,
+            Self::VersionMismatch { .. } => ErrorKind::VersionMismatch,
+            Self::Open { .. } => ErrorKind::Open,
+            Self::DeviceMissing { .. } => ErrorKind::DeviceMissing,
+            Self::Allocation { .. } => ErrorKind::Allocation,
+            Self::Misaligned { .. } => ErrorKind::Misaligned,
+            Self::NotProviderMemory { .. } => ErrorKind::NotProviderMemory,
+            Self::NoStructPages { .. } => ErrorKind::NoStructPages,
+            Self::PinLimit { .. } => ErrorKind::PinLimit,
+            Self::UserPinLimit { .. } => ErrorKind::UserPinLimit,
+            Self::TooManyRegistrations => ErrorKind::TooManyRegistrations,
+            Self::ProviderUnavailable { .. } => ErrorKind::ProviderUnavailable,
+            Self::Revoked { .. } => ErrorKind::Revoked,
+            Self::NoSuchPeer { .. } => ErrorKind::NoSuchPeer,
+            Self::PeerNotKernelDriven { .. } => ErrorKind::PeerNotKernelDriven,
+            Self::AddressesNeedAdmin { .. } => ErrorKind::AddressesNeedAdmin,
+            Self::OpenFile { .. } => ErrorKind::OpenFile,
+            Self::NotDirect { .. } => ErrorKind::NotDirect,
+            Self::BadFile { .. } => ErrorKind::BadFile,
+            Self::IoMisaligned { .. } => ErrorKind::IoMisaligned,
+            Self::OutOfRegistration { .. } => ErrorKind::OutOfRegistration,
+            Self::NotBlockBacked { .. } => ErrorKind::NotBlockBacked,
+            Self::DeviceGone { .. } => ErrorKind::DeviceGone,
+            Self::Io { .. } => ErrorKind::Io,
+            Self::Submit { .. } => ErrorKind::Submit,
+            Self::FileIo { .. } => ErrorKind::FileIo,
+            Self::OutOfMemoryRange { .. } => ErrorKind::OutOfMemoryRange,
+            Self::BadSetting { .. } => ErrorKind::BadSetting,
+            Self::Cuda { .. } => ErrorKind::Cuda,
+            Self::Worker { .. } => ErrorKind::Worker,
+            Self::Ioctl { .. } => ErrorKind::Ioctl,
+        }
+    }
+
     /// The errno behind the error, where there is one.
     pub fn errno(&self) -> Option<Errno> {
         match self {
@@ -367,5 +428,204 @@ impl Error {
     }
 }
 
+/// What kind of error an [`Error`] is: one per variant, for matching without fields and for
+/// machine-readable output (`gdirect --json` prints [`ErrorKind::name`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The kernel module is not loaded ([`Error::ModuleNotLoaded`]).
+    ModuleNotLoaded,
+    /// The caller may not open the device ([`Error::PermissionDenied`]).
+    PermissionDenied,
+    /// The device is not a gdirect device ([`Error::NotGdirect`]).
+    NotGdirect,
+    /// The module speaks another ABI version ([`Error::VersionMismatch`]).
+    VersionMismatch,
+    /// Opening the device failed ([`Error::Open`]).
+    Open,
+    /// A device node the operation needs is missing ([`Error::DeviceMissing`]).
+    DeviceMissing,
+    /// Memory could not be allocated ([`Error::Allocation`]).
+    Allocation,
+    /// A registration is not aligned for its provider ([`Error::Misaligned`]).
+    Misaligned,
+    /// The range is not memory of the provider ([`Error::NotProviderMemory`]).
+    NotProviderMemory,
+    /// GPU memory without struct pages ([`Error::NoStructPages`]).
+    NoStructPages,
+    /// The module's pinned-bytes limit ([`Error::PinLimit`]).
+    PinLimit,
+    /// The module's pinned-bytes limit for one user ([`Error::UserPinLimit`]).
+    UserPinLimit,
+    /// The registrations limit of one handle ([`Error::TooManyRegistrations`]).
+    TooManyRegistrations,
+    /// The provider's driver is not loaded ([`Error::ProviderUnavailable`]).
+    ProviderUnavailable,
+    /// The provider took the memory back ([`Error::Revoked`]).
+    Revoked,
+    /// No PCI device at the peer address ([`Error::NoSuchPeer`]).
+    NoSuchPeer,
+    /// No driver of this kernel drives the peer ([`Error::PeerNotKernelDriven`]).
+    PeerNotKernelDriven,
+    /// Peer addresses need CAP_SYS_ADMIN ([`Error::AddressesNeedAdmin`]).
+    AddressesNeedAdmin,
+    /// A file could not be opened for transfers ([`Error::OpenFile`]).
+    OpenFile,
+    /// The file is not open with O_DIRECT ([`Error::NotDirect`]).
+    NotDirect,
+    /// The file is not open for the transfer's direction ([`Error::BadFile`]).
+    BadFile,
+    /// Offsets or length not multiples of the logical block size ([`Error::IoMisaligned`]).
+    IoMisaligned,
+    /// The range is past the end of the registration ([`Error::OutOfRegistration`]).
+    OutOfRegistration,
+    /// The file is not on a block device ([`Error::NotBlockBacked`]).
+    NotBlockBacked,
+    /// The block device went away ([`Error::DeviceGone`]).
+    DeviceGone,
+    /// A transfer failed in the storage stack ([`Error::Io`]).
+    Io,
+    /// A batch entry was refused ([`Error::Submit`]).
+    Submit,
+    /// The compat engine's file I/O failed ([`Error::FileIo`]).
+    FileIo,
+    /// A range is past the end of the memory ([`Error::OutOfMemoryRange`]).
+    OutOfMemoryRange,
+    /// A setting has a value that cannot be used ([`Error::BadSetting`]).
+    BadSetting,
+    /// A CUDA driver call failed ([`Error::Cuda`]).
+    Cuda,
+    /// A worker thread of the compat engine died ([`Error::Worker`]).
+    Worker,
+    /// An ioctl failed ([`Error::Ioctl`]).
+    Ioctl,
+}
+
+impl ErrorKind {
+    /// The kind's name in snake case, as `gdirect --json` prints it (`module_not_loaded`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ModuleNotLoaded => "module_not_loaded",
+            Self::PermissionDenied => "permission_denied",
+            Self::NotGdirect => "not_gdirect",
+            Self::VersionMismatch => "version_mismatch",
+            Self::Open => "open",
+            Self::DeviceMissing => "device_missing",
+            Self::Allocation => "allocation",
+            Self::Misaligned => "misaligned",
+            Self::NotProviderMemory => "not_provider_memory",
+            Self::NoStructPages => "no_struct_pages",
+            Self::PinLimit => "pin_limit",
+            Self::UserPinLimit => "user_pin_limit",
+            Self::TooManyRegistrations => "too_many_registrations",
+            Self::ProviderUnavailable => "provider_unavailable",
+            Self::Revoked => "revoked",
+            Self::NoSuchPeer => "no_such_peer",
+            Self::PeerNotKernelDriven => "peer_not_kernel_driven",
+            Self::AddressesNeedAdmin => "addresses_need_admin",
+            Self::OpenFile => "open_file",
+            Self::NotDirect => "not_direct",
+            Self::BadFile => "bad_file",
+            Self::IoMisaligned => "io_misaligned",
+            Self::OutOfRegistration => "out_of_registration",
+            Self::NotBlockBacked => "not_block_backed",
+            Self::DeviceGone => "device_gone",
+            Self::Io => "io",
+            Self::Submit => "submit",
+            Self::FileIo => "file_io",
+            Self::OutOfMemoryRange => "out_of_memory_range",
+            Self::BadSetting => "bad_setting",
+            Self::Cuda => "cuda",
+            Self::Worker => "worker",
+            Self::Ioctl => "ioctl",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An [`Error`] as an [`std::io::Error`]: its [`std::io::ErrorKind`] from the errno (`Other` where
+/// there is none), the gdirect error inside, with its message and fields
+/// (`io::Error::get_ref()` and `downcast`).
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> Self {
+        let kind = e.errno().map_or(std::io::ErrorKind::Other, |errno| {
+            std::io::Error::from_raw_os_error(errno as i32).kind()
+        });
+        std::io::Error::new(kind, e)
+    }
+}
+
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn kind_names_are_the_cli_json_kinds() {
+        let e = Error::ModuleNotLoaded {
+            path: "/dev/gdirect".into(),
+            reason: "does not exist",
+        };
+        assert_eq!(e.kind(), ErrorKind::ModuleNotLoaded);
+        assert_eq!(e.kind().name(), "module_not_loaded");
+        assert_eq!(
+            Error::TooManyRegistrations.kind().name(),
+            "too_many_registrations"
+        );
+        let e = Error::UserPinLimit {
+            len: 1,
+            pinned: 2,
+            limit: 3,
+        };
+        assert_eq!(e.kind().to_string(), "user_pin_limit");
+    }
+
+    #[test]
+    fn errno_is_the_source_and_the_io_error_kind() {
+        let e = Error::OpenFile {
+            path: "/nonexistent".into(),
+            errno: Errno::ENOENT,
+        };
+        let source = e.source().and_then(|s| s.downcast_ref::<Errno>());
+        assert_eq!(source, Some(&Errno::ENOENT));
+        let io: std::io::Error = e.into();
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+        let inner = io.get_ref().and_then(|i| i.downcast_ref::<Error>());
+        assert!(matches!(inner, Some(Error::OpenFile { .. })));
+        assert!(io.to_string().contains("/nonexistent"));
+        let io: std::io::Error = Error::Worker {
+            what: "a worker died",
+        }
+        .into();
+        assert_eq!(io.kind(), std::io::ErrorKind::Other);
+    }
+
+    #[test]
+    fn misaligned_transfer_says_where() {
+        let e = Error::IoMisaligned {
+            path: "/dev/nvme0n1".into(),
+            file_offset: 513,
+            buf_offset: 0,
+            len: 4096,
+        };
+        let text = e.to_string();
+        assert!(text.contains("4096 bytes at file offset 513"), "{text}");
+        let e = Error::OutOfRegistration {
+            handle: 0x10,
+            buf_offset: 4096,
+            len: 8192,
+        };
+        assert_eq!(
+            e.to_string(),
+            "8192 bytes at offset 4096 do not fit in registration 0x10"
+        );
+    }
+}

@@ -424,7 +424,7 @@ impl File {
                 Direction::Write => sys::write(driver.as_raw_fd(), &mut args),
             }
         };
-        r.map_err(|errno| io_error(driver, &self.path, dir, reg.handle(), errno))?;
+        r.map_err(|errno| io_error(driver, &self.path, dir, &args, errno))?;
         Ok(Transfer {
             engine: Engine::Module,
             bytes: args.bytes,
@@ -450,7 +450,13 @@ enum Direction {
 }
 
 /// Maps the errno of a transfer to its meaning (see the uapi header).
-fn io_error(driver: &Driver, path: &Path, dir: Direction, handle: u64, errno: Errno) -> Error {
+fn io_error(
+    driver: &Driver,
+    path: &Path,
+    dir: Direction,
+    args: &sys::gdirect_io_args,
+    errno: Errno,
+) -> Error {
     let ioctl = match dir {
         Direction::Read => "GDIRECT_IOC_READ",
         Direction::Write => "GDIRECT_IOC_WRITE",
@@ -461,12 +467,21 @@ fn io_error(driver: &Driver, path: &Path, dir: Direction, handle: u64, errno: Er
         },
         Errno::ERANGE => Error::IoMisaligned {
             path: path.to_path_buf(),
+            file_offset: args.file_offset,
+            buf_offset: args.buf_offset,
+            len: args.len,
         },
-        Errno::EOVERFLOW => Error::OutOfRegistration { handle },
+        Errno::EOVERFLOW => Error::OutOfRegistration {
+            handle: args.handle,
+            buf_offset: args.buf_offset,
+            len: args.len,
+        },
         Errno::ENOTBLK => Error::NotBlockBacked {
             path: path.to_path_buf(),
         },
-        Errno::EKEYREVOKED => Error::Revoked { handle },
+        Errno::EKEYREVOKED => Error::Revoked {
+            handle: args.handle,
+        },
         Errno::ENODEV => Error::DeviceGone {
             path: path.to_path_buf(),
         },
