@@ -20,6 +20,7 @@ use crate::{
 
 /// Where the bytes of a transfer went (`enum gdirect_path`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum IoPath {
     /// DMA between the storage and the device memory, peer to peer.
     P2p,
@@ -27,26 +28,35 @@ pub enum IoPath {
     Bounce,
     /// The memory is host memory: DMA to it directly.
     Host,
+    /// A value this library does not know (a newer module): reported as it came.
+    Unknown(u32),
 }
 
 impl IoPath {
     /// Every path, in the order of the ABI.
     pub const ALL: [IoPath; 3] = [IoPath::P2p, IoPath::Bounce, IoPath::Host];
 
-    fn from_raw(raw: u32) -> Self {
+    pub(crate) fn from_raw(raw: u32) -> Self {
         match raw {
             sys::GDIRECT_PATH_P2P => Self::P2p,
+            sys::GDIRECT_PATH_BOUNCE => Self::Bounce,
             sys::GDIRECT_PATH_HOST => Self::Host,
-            _ => Self::Bounce,
+            raw => Self::Unknown(raw),
         }
     }
 
-    /// The name the CLI and JSON use.
+    /// The position in [`IoPath::ALL`] (and in [`Stats::io`]); `None` for an unknown path.
+    pub fn index(self) -> Option<usize> {
+        Self::ALL.iter().position(|p| *p == self)
+    }
+
+    /// The name the CLI and JSON use (`unknown` for a value this library does not know).
     pub fn name(self) -> &'static str {
         match self {
             Self::P2p => "p2p",
             Self::Bounce => "bounce",
             Self::Host => "host",
+            Self::Unknown(_) => "unknown",
         }
     }
 }
@@ -59,6 +69,7 @@ impl fmt::Display for IoPath {
 
 /// Why a transfer took its path (`enum gdirect_path_reason`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Reason {
     /// Nothing stood in the way (P2P, or host memory).
     None,
@@ -70,6 +81,8 @@ pub enum Reason {
     Distance,
     /// The provider's memory has no pages the block layer can use.
     NoPages,
+    /// A value this library does not know (a newer module): reported as it came.
+    Unknown(u32),
 }
 
 impl Reason {
@@ -82,14 +95,20 @@ impl Reason {
         Reason::NoPages,
     ];
 
-    fn from_raw(raw: u32) -> Self {
+    pub(crate) fn from_raw(raw: u32) -> Self {
         match raw {
+            sys::GDIRECT_REASON_NONE => Self::None,
             sys::GDIRECT_REASON_FORCED => Self::Forced,
             sys::GDIRECT_REASON_QUEUE_NO_P2P => Self::QueueNoP2p,
             sys::GDIRECT_REASON_DISTANCE => Self::Distance,
             sys::GDIRECT_REASON_NO_PAGES => Self::NoPages,
-            _ => Self::None,
+            raw => Self::Unknown(raw),
         }
+    }
+
+    /// The position in [`Reason::ALL`] (and in [`Stats::reasons`]); `None` for an unknown one.
+    pub fn index(self) -> Option<usize> {
+        Self::ALL.iter().position(|r| *r == self)
     }
 
     /// The name the CLI and JSON use.
@@ -100,6 +119,7 @@ impl Reason {
             Self::QueueNoP2p => "queue_no_p2p",
             Self::Distance => "distance",
             Self::NoPages => "no_pages",
+            Self::Unknown(_) => "unknown",
         }
     }
 
@@ -128,6 +148,9 @@ impl Reason {
             Self::NoPages => {
                 "the provider's memory has no pages the block layer can take".to_string()
             }
+            Self::Unknown(raw) => format!(
+                "reason {raw}, which this library does not know (the module is newer than it)"
+            ),
         }
     }
 }
@@ -140,6 +163,7 @@ impl fmt::Display for Reason {
 
 /// The storage transport of a file's block device (`enum gdirect_transport`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Transport {
     /// Not NVMe, and no PCI device found.
     Unknown,
@@ -783,20 +807,57 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// The counters of a path and direction (`write` false for reads).
+    /// The counters of a path and direction (`write` false for reads); zeros for a path this
+    /// library does not know.
     pub fn get(&self, path: IoPath, write: bool) -> &PathStats {
-        &self.io[path as usize][usize::from(write)]
+        const NONE: PathStats = PathStats {
+            ops: 0,
+            bytes: 0,
+            errors: 0,
+            bounce_bytes: 0,
+            latency_us_log2: [0; sys::GDIRECT_LATENCY_BUCKETS as usize],
+        };
+        path.index()
+            .and_then(|p| self.io.get(p))
+            .map_or(&NONE, |dirs| &dirs[usize::from(write)])
     }
 
-    /// Transfers that took the bounce path for `reason`, or P2P/host ones for `Reason::None`.
+    /// Transfers that took the bounce path for `reason`, or P2P/host ones for `Reason::None`;
+    /// 0 for a reason this library does not know.
     pub fn by_reason(&self, reason: Reason) -> u64 {
-        self.reasons[reason as usize]
+        reason
+            .index()
+            .and_then(|r| self.reasons.get(r).copied())
+            .unwrap_or(0)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn abi_values_round_trip_and_unknown_ones_are_kept() {
+        for (i, p) in IoPath::ALL.iter().enumerate() {
+            assert_eq!(IoPath::from_raw(i as u32), *p);
+            assert_eq!(p.index(), Some(i));
+        }
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(Reason::from_raw(i as u32), *r);
+            assert_eq!(r.index(), Some(i));
+        }
+        let (path, reason) = (IoPath::from_raw(99), Reason::from_raw(77));
+        assert_eq!((path, reason), (IoPath::Unknown(99), Reason::Unknown(77)));
+        assert_eq!((path.name(), reason.name()), ("unknown", "unknown"));
+        assert!(reason.explain(Transport::Pcie).contains("77"));
+        let mut stats = Stats::default();
+        stats.io[1][0].ops = 5;
+        stats.reasons[2] = 3;
+        assert_eq!(stats.get(IoPath::Bounce, false).ops, 5);
+        assert_eq!(stats.get(path, false), &PathStats::default());
+        assert_eq!(stats.by_reason(Reason::QueueNoP2p), 3);
+        assert_eq!(stats.by_reason(reason), 0);
+    }
 
     #[test]
     fn every_reason_round_trips_through_the_abi() {
