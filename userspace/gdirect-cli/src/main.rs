@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0 OR MIT
 //! `gdirect`: the command-line face of the gdirect library.
 
+#![forbid(unsafe_code)]
+
 use std::{io::IsTerminal, path::PathBuf, process::ExitCode, time::Instant};
 
 use clap::{Parser, Subcommand};
