@@ -21,6 +21,16 @@ fn main() -> ExitCode {
         eprintln!("usage: gdirect-iobench DEV p2p|bounce|pread rand4k|seq1m OPS [QD]");
         return ExitCode::from(2);
     }
+    if a[1] == "overhead" {
+        return match a[3]
+            .parse()
+            .map_err(|_| ())
+            .and_then(|ops| overhead(&a[0], ops).map_err(|e| eprintln!("gdirect-iobench: {e}")))
+        {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(()) => ExitCode::FAILURE,
+        };
+    }
     let (Ok(ops), Ok(qd)) = (
         a[3].parse::<u64>(),
         a.get(4).map_or(Ok(1), |q| q.parse::<u64>()),
@@ -149,6 +159,50 @@ fn run(dev: &str, mode: &str, pattern: &str, ops: u64, qd: u64) -> gdirect::Resu
         "mode={mode} pattern={pattern} qd={qd} ops={ops} bytes={bytes} seconds={seconds:.3} iops={:.0} mb_per_s={:.1} via_host={via_host} path={path}",
         ops as f64 / seconds,
         bytes as f64 / seconds / 1e6
+    );
+    Ok(())
+}
+
+/// `DEV overhead - OPS`: the time per call of the pieces of a synchronous 4 KiB read, for finding
+/// where the per-request cost goes: an ioctl that does nothing much (`GET_INFO`), a `READ`
+/// refused after its checks (misaligned length: lookup, file, target), a whole P2P `READ`, and
+/// a plain `pread`.
+fn overhead(dev: &str, ops: u64) -> gdirect::Result<()> {
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let alloc = gpu.alloc(1 << 16)?;
+    let reg = driver.register(&alloc)?;
+    let file = File::open_direct(dev)?;
+    let host = HostBuffer::new(4096)?;
+    let time = |f: &mut dyn FnMut()| {
+        let start = Instant::now();
+        for _ in 0..ops {
+            f();
+        }
+        start.elapsed().as_secs_f64() / ops as f64 * 1e6
+    };
+    let info = time(&mut || {
+        let _ = driver.info();
+    });
+    let refused = time(&mut || {
+        let _ = file.read_into(&reg, 0, 0, 4095);
+    });
+    let read = time(&mut || {
+        let _ = file.read_into(&reg, 0, 0, 4096);
+    });
+    let pread = time(&mut || {
+        // SAFETY: `host` is 4096 writable bytes that outlive the call.
+        unsafe {
+            nix::libc::pread(
+                file_fd(&file),
+                host.as_slice().as_ptr().cast_mut().cast(),
+                4096,
+                0,
+            )
+        };
+    });
+    println!(
+        "overhead ops={ops} info_us={info:.1} refused_read_us={refused:.1} read_us={read:.1} pread_us={pread:.1}"
     );
     Ok(())
 }
