@@ -29,7 +29,7 @@ flags EINVAL
 flags-high EINVAL
 pad EINVAL
 reserved-0 EINVAL
-reserved-3 EINVAL
+reserved-1 EINVAL
 peer-self OK
 peer-flags EINVAL
 peer-reserved EINVAL

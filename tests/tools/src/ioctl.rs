@@ -41,7 +41,7 @@ const CASES: &str = "\
   flags           GET_INFO with flags = 1                           (expect EINVAL)
   flags-high      GET_INFO with flags = 1 << 31                     (expect EINVAL)
   pad             GET_INFO with pad = 1                             (expect EINVAL)
-  reserved-N      GET_INFO with reserved[N] = 1, N in 0..4          (expect EINVAL)
+  reserved-N      GET_INFO with reserved[N] = 1, N in 0..2          (expect EINVAL)
   peer-self       PEER_CHECK of the first PCI function with itself  (expect OK; prints map_type)
   peer-flags      PEER_CHECK with flags = 1                         (expect EINVAL)
   peer-reserved   PEER_CHECK with reserved = 1                      (expect EINVAL)
