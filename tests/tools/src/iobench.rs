@@ -165,8 +165,8 @@ fn run(dev: &str, mode: &str, pattern: &str, ops: u64, qd: u64) -> gdirect::Resu
 
 /// `DEV overhead - OPS`: the time per call of the pieces of a synchronous 4 KiB read, for finding
 /// where the per-request cost goes: an ioctl that does nothing much (`GET_INFO`), a `READ`
-/// refused after its checks (misaligned length: lookup, file, target), a whole P2P `READ`, and
-/// a plain `pread`.
+/// refused after its checks (misaligned length: lookup, file, target), a whole P2P `READ`, the
+/// same into registered host memory and through the bounce pool, and a plain `pread`.
 fn overhead(dev: &str, ops: u64) -> gdirect::Result<()> {
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
@@ -190,6 +190,15 @@ fn overhead(dev: &str, ops: u64) -> gdirect::Result<()> {
     let read = time(&mut || {
         let _ = file.read_into(&reg, 0, 0, 4096);
     });
+    let hostreg = driver.register(&host)?;
+    let host_read = time(&mut || {
+        let _ = file.read_into(&hostreg, 0, 0, 4096);
+    });
+    let bounce = IoOptions::new().force_bounce(true);
+    let bounce_read = time(&mut || {
+        let _ = file.read_into_with(&reg, 0, 0, 4096, bounce);
+    });
+    drop(hostreg);
     let pread = time(&mut || {
         // SAFETY: `host` is 4096 writable bytes that outlive the call.
         unsafe {
@@ -202,7 +211,7 @@ fn overhead(dev: &str, ops: u64) -> gdirect::Result<()> {
         };
     });
     println!(
-        "overhead ops={ops} info_us={info:.1} refused_read_us={refused:.1} read_us={read:.1} pread_us={pread:.1}"
+        "overhead ops={ops} info_us={info:.1} refused_read_us={refused:.1} read_us={read:.1} host_read_us={host_read:.1} bounce_read_us={bounce_read:.1} pread_us={pread:.1}"
     );
     Ok(())
 }
