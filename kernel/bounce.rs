@@ -21,7 +21,10 @@ use kernel::{
     },
 };
 
-use crate::provider::PAGE_SIZE;
+use crate::{
+    io::Bvecs,
+    provider::PAGE_SIZE, //
+};
 
 /// Bytes in a chunk: 1 MiB.
 pub(crate) const CHUNK_BYTES: u64 = 1 << 20;
@@ -138,25 +141,19 @@ impl ChunkGuard {
     }
 
     /// Bvecs over the first `len` bytes.
-    pub(crate) fn bvecs(&self, len: u64) -> Result<KVec<bindings::bio_vec>> {
-        let mut v = KVec::with_capacity(CHUNK_PAGES, GFP_KERNEL)?;
+    pub(crate) fn bvecs(&self, len: u64) -> Result<Bvecs> {
         let mut left = len.min(self.capacity());
-        for page in self.pages() {
-            if left == 0 {
-                break;
-            }
+        let mut pages = self.pages().iter();
+        Bvecs::build(left.div_ceil(PAGE_SIZE) as usize, || {
+            let page = pages.next().ok_or(EINVAL)?;
             let n = left.min(PAGE_SIZE);
-            v.push(
-                bindings::bio_vec {
-                    bv_page: page.as_ptr(),
-                    bv_len: n as u32,
-                    bv_offset: 0,
-                },
-                GFP_KERNEL,
-            )?;
             left -= n;
-        }
-        Ok(v)
+            Ok(bindings::bio_vec {
+                bv_page: page.as_ptr(),
+                bv_len: n as u32,
+                bv_offset: 0,
+            })
+        })
     }
 
     /// Copies the chunk's bytes `[off, off + out.len())` to `out`.

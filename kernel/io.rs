@@ -477,7 +477,13 @@ impl Transfer {
             let got = {
                 let _use = self.reg.shared.begin_use()?;
                 let bvecs = bvecs(&self.reg, self.buf_offset + done, n)?;
-                direct_io(&self.file, self.dir, self.file_offset + done, &bvecs, n)?
+                direct_io(
+                    &self.file,
+                    self.dir,
+                    self.file_offset + done,
+                    bvecs.as_slice(),
+                    n,
+                )?
             };
             done += got;
             if got < n {
@@ -497,7 +503,8 @@ impl Transfer {
             let (pos, buf) = (self.file_offset + done, self.buf_offset + done);
             let moved = match self.dir {
                 Dir::Read => {
-                    let got = direct_io(&self.file, Dir::Read, pos, &chunk.bvecs(n)?, n)?;
+                    let bvecs = chunk.bvecs(n)?;
+                    let got = direct_io(&self.file, Dir::Read, pos, bvecs.as_slice(), n)?;
                     let _use = self.reg.shared.begin_use()?;
                     copy_device(&self.reg, buf, got, |off, dev| chunk.copy_out(off, dev))?;
                     got
@@ -507,7 +514,8 @@ impl Transfer {
                         let _use = self.reg.shared.begin_use()?;
                         copy_device(&self.reg, buf, n, |off, dev| chunk.copy_in(off, dev))?;
                     }
-                    direct_io(&self.file, Dir::Write, pos, &chunk.bvecs(n)?, n)?
+                    let bvecs = chunk.bvecs(n)?;
+                    direct_io(&self.file, Dir::Write, pos, bvecs.as_slice(), n)?
                 }
             };
             done += moved;
@@ -548,25 +556,65 @@ fn page_at(reg: &Registration, off: u64) -> Result<(*mut bindings::page, u32)> {
     Ok((page.ok_or(EFAULT)?, in_page))
 }
 
-/// Bvecs over `[off, off + len)` of a registration. The caller holds a use of the pages.
-fn bvecs(reg: &Registration, off: u64, len: u64) -> Result<KVVec<bindings::bio_vec>> {
-    let mut v = KVVec::with_capacity((len / PAGE_SIZE + 2) as usize, GFP_KERNEL_ACCOUNT)?;
+/// Bvecs that fit on the stack: a transfer of up to 16 KiB builds its bvecs without an
+/// allocation (measured in the rig: allocating them took a tenth of a 4 KiB read's time).
+const INLINE_BVECS: usize = 4;
+
+/// The bvecs of one chunk of a transfer: on the stack when few, else allocated.
+pub(crate) enum Bvecs {
+    Inline([bindings::bio_vec; INLINE_BVECS], usize),
+    Heap(KVVec<bindings::bio_vec>),
+}
+
+impl Bvecs {
+    /// `count` bvecs, each from `next`.
+    pub(crate) fn build(
+        count: usize,
+        mut next: impl FnMut() -> Result<bindings::bio_vec>,
+    ) -> Result<Self> {
+        if count <= INLINE_BVECS {
+            let mut v = [bindings::bio_vec {
+                bv_page: core::ptr::null_mut(),
+                bv_len: 0,
+                bv_offset: 0,
+            }; INLINE_BVECS];
+            for slot in v.iter_mut().take(count) {
+                *slot = next()?;
+            }
+            return Ok(Self::Inline(v, count));
+        }
+        let mut v = KVVec::with_capacity(count, GFP_KERNEL_ACCOUNT)?;
+        for _ in 0..count {
+            v.push(next()?, GFP_KERNEL_ACCOUNT)?;
+        }
+        Ok(Self::Heap(v))
+    }
+
+    pub(crate) fn as_slice(&self) -> &[bindings::bio_vec] {
+        match self {
+            // `n <= INLINE_BVECS` by construction; `get` keeps that from being a panic path.
+            Self::Inline(v, n) => v.get(..*n).unwrap_or(&[]),
+            Self::Heap(v) => v,
+        }
+    }
+}
+
+/// Bvecs over `[off, off + len)` of a registration, one per CPU page it spans. The caller holds
+/// a use of the pages.
+fn bvecs(reg: &Registration, off: u64, len: u64) -> Result<Bvecs> {
     let end = off + len;
+    let pages = (end.div_ceil(PAGE_SIZE) - off / PAGE_SIZE) as usize;
     let mut at = off;
-    while at < end {
+    Bvecs::build(pages, || {
         let (page, in_page) = page_at(reg, at)?;
         let n = (PAGE_SIZE - u64::from(in_page)).min(end - at);
-        v.push(
-            bindings::bio_vec {
-                bv_page: page,
-                bv_len: n as u32,
-                bv_offset: in_page,
-            },
-            GFP_KERNEL_ACCOUNT,
-        )?;
         at += n;
-    }
-    Ok(v)
+        Ok(bindings::bio_vec {
+            bv_page: page,
+            bv_len: n as u32,
+            bv_offset: in_page,
+        })
+    })
 }
 
 /// Runs `f(offset_in_chunk, device_bytes)` over `[off, off + len)` of a registration, one CPU

@@ -181,6 +181,17 @@ fn overhead(dev: &str, ops: u64) -> gdirect::Result<()> {
         }
         start.elapsed().as_secs_f64() / ops as f64 * 1e6
     };
+    let pread_first = time(&mut || {
+        // SAFETY: `host` is 4096 writable bytes that outlive the call.
+        unsafe {
+            nix::libc::pread(
+                file_fd(&file),
+                host.as_slice().as_ptr().cast_mut().cast(),
+                4096,
+                0,
+            )
+        };
+    });
     let info = time(&mut || {
         let _ = driver.info();
     });
@@ -211,7 +222,7 @@ fn overhead(dev: &str, ops: u64) -> gdirect::Result<()> {
         };
     });
     println!(
-        "overhead ops={ops} info_us={info:.1} refused_read_us={refused:.1} read_us={read:.1} host_read_us={host_read:.1} bounce_read_us={bounce_read:.1} pread_us={pread:.1}"
+        "overhead ops={ops} info_us={info:.1} refused_read_us={refused:.1} read_us={read:.1} host_read_us={host_read:.1} bounce_read_us={bounce_read:.1} pread_us={pread:.1} pread_first_us={pread_first:.1}"
     );
     Ok(())
 }
