@@ -178,6 +178,10 @@ impl Batches {
         let me = self.clone();
         if let Err(e) = spawn(move || {
             let (path, result) = transfer.run();
+            // What the transfer holds (its registration, file, submitter) goes before its
+            // completion can be reaped: a caller that reaps, unregisters and registers again,
+            // or unmounts, finds nothing of it still held.
+            drop(transfer);
             me.complete(user_data, path, result);
         }) {
             self.inner.lock().in_flight -= 1;

@@ -130,7 +130,8 @@ impl kernel::InPlaceModule for GdirectModule {
         unsafe { provider::nvidia::GET_PUT.init() };
         try_pin_init!(Self {
             // First: registrations look users up from the first open on.
-            _users: users::Users::init(),
+            // SAFETY: this is the module's init, before the device exists.
+            _users: unsafe { users::Users::init() },
             _bounce: {
                 bounce::init(*module_parameters::bounce_buffers.value())?;
                 BouncePool

@@ -140,7 +140,8 @@ unsafe impl Sync for Target {}
 /// 4 KiB read should not pay each time.
 static TRANSPORTS: [Atomic<u64>; 8] = [const { Atomic::new(0) }; 8];
 
-/// The transport of `disk`, whose device is `disk_dev` (see [`TRANSPORTS`]).
+/// The transport of `disk`, whose device is `disk_dev` (see [`TRANSPORTS`]). An answer made
+/// without the attribute because a page could not be allocated is reported, not cached.
 fn transport_of(disk: *mut bindings::gendisk, disk_dev: *mut bindings::device, pci: bool) -> u32 {
     // SAFETY: the disk of an open file's block device outlives the file; `diskseq` is set
     // before the disk is added and changes only with its media.
@@ -150,12 +151,16 @@ fn transport_of(disk: *mut bindings::gendisk, disk_dev: *mut bindings::device, p
     if cached != 0 && cached >> 8 == seq {
         return (cached & 0xff) as u32;
     }
-    let transport = match nvme_transport(disk_dev) {
-        Some(t) => t,
-        None if pci => uapi::TRANSPORT_PCIE,
-        None => uapi::TRANSPORT_UNKNOWN,
+    let (transport, known) = match nvme_transport(disk_dev) {
+        Ok(Some(t)) => (t, true),
+        Ok(None) if pci => (uapi::TRANSPORT_PCIE, true),
+        Ok(None) => (uapi::TRANSPORT_UNKNOWN, true),
+        Err(_) if pci => (uapi::TRANSPORT_PCIE, false),
+        Err(_) => (uapi::TRANSPORT_UNKNOWN, false),
     };
-    slot.store(seq << 8 | u64::from(transport & 0xff), Relaxed);
+    if known {
+        slot.store(seq << 8 | u64::from(transport & 0xff), Relaxed);
+    }
     transport
 }
 
@@ -227,8 +232,8 @@ impl Target {
 /// The transport of the NVMe controller at or above `dev`, from the controller's own
 /// `transport` attribute (`nvme_sysfs_show_transport`): the driver-model way to ask it, since
 /// `struct nvme_ctrl` is private to the NVMe core.
-fn nvme_transport(mut dev: *mut bindings::device) -> Option<u32> {
-    let page = kernel::page::Page::alloc_page(GFP_KERNEL).ok()?;
+fn nvme_transport(mut dev: *mut bindings::device) -> Result<Option<u32>> {
+    let page = kernel::page::Page::alloc_page(GFP_KERNEL)?;
     while !dev.is_null() {
         // SAFETY: `dev` and its ancestors are valid while the disk below them is; the show
         // function writes at most a page into `buf`, a page-aligned page we own.
@@ -236,7 +241,9 @@ fn nvme_transport(mut dev: *mut bindings::device) -> Option<u32> {
             match device_attr(dev, c"transport") {
                 Some(attr) => {
                     let buf = gdirect_page_address(page.as_ptr().cast()).cast::<u8>();
-                    let show = (*attr).__bindgen_anon_1.show?;
+                    let Some(show) = (*attr).__bindgen_anon_1.show else {
+                        return Ok(None);
+                    };
                     let n = show(dev, attr, buf.cast());
                     (n > 0).then(|| {
                         core::slice::from_raw_parts(buf, (n as usize).min(PAGE_SIZE as usize))
@@ -247,19 +254,19 @@ fn nvme_transport(mut dev: *mut bindings::device) -> Option<u32> {
         };
         if let Some(text) = n {
             let name = text.split(|b| *b == b'\n').next().unwrap_or(&[]);
-            return Some(match name {
+            return Ok(Some(match name {
                 b"pcie" => uapi::TRANSPORT_PCIE,
                 b"rdma" => uapi::TRANSPORT_RDMA,
                 b"tcp" => uapi::TRANSPORT_TCP,
                 b"loop" => uapi::TRANSPORT_LOOP,
                 b"fc" => uapi::TRANSPORT_FC,
                 _ => uapi::TRANSPORT_UNKNOWN,
-            });
+            }));
         }
         // SAFETY: as above.
         dev = unsafe { (*dev).parent };
     }
-    None
+    Ok(None)
 }
 
 /// The device attribute `name` among `dev`'s attribute groups, if it has one.

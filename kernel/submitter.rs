@@ -132,6 +132,9 @@ impl Submitter {
     /// task's own: `EFBIG` with `SIGXFSZ` to the submitter at or past the limit, fewer bytes
     /// across it. (A worker's own limit is infinite; block devices have no such limit.)
     pub(crate) fn write_limit(&self, pos: u64, len: u64) -> Result<u64> {
+        // A position no `loff_t` holds fails as the transfer itself would (`direct_io`), with
+        // no signal.
+        i64::try_from(pos).map_err(|_| EOVERFLOW)?;
         if self.fsize == NO_LIMIT {
             return Ok(len);
         }
@@ -139,9 +142,10 @@ impl Submitter {
         // position, as in C.
         let limit = u64::try_from(self.fsize).unwrap_or(0);
         if pos >= limit {
+            // Sent as from the kernel (`SI_KERNEL`): the sender is a worker, not the task.
             // SAFETY: `self.task` holds a reference to the task; sending to one that has
             // exited does nothing.
-            unsafe { bindings::send_sig(bindings::SIGXFSZ as i32, self.task.as_ptr(), 0) };
+            unsafe { bindings::send_sig(bindings::SIGXFSZ as i32, self.task.as_ptr(), 1) };
             return Err(EFBIG);
         }
         Ok(len.min(limit - pos))

@@ -40,9 +40,13 @@ kernel::sync::global_lock! {
 pub(crate) struct Users;
 
 impl Users {
-    /// Makes the list usable. Called once, from the module's init.
-    pub(crate) fn init() -> Self {
-        // SAFETY: called once, from the module's init, before anything uses `USERS`.
+    /// Makes the list usable.
+    ///
+    /// # Safety
+    ///
+    /// Called once, from the module's init, before anything uses the list.
+    pub(crate) unsafe fn init() -> Self {
+        // SAFETY: the caller's contract.
         unsafe { USERS.init() };
         Self
     }

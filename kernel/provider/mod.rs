@@ -102,7 +102,8 @@ impl UserPages {
         // Every page pinned so far is in `me`, whose drop unpins them if a later step fails.
         let mut me = Self {
             pages: KVVec::with_capacity(n, GFP_KERNEL_ACCOUNT)?,
-            host: !p2pdma,
+            // Set once every page is pinned: pages of a pin that fails were never written.
+            host: false,
         };
         let mut batch = [core::ptr::null_mut::<bindings::page>(); PIN_BATCH];
         while me.pages.len() < n {
@@ -143,6 +144,7 @@ impl UserPages {
                 }
             }
         }
+        me.host = !p2pdma;
         Ok(me)
     }
 
