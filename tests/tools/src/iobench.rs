@@ -181,7 +181,7 @@ fn overhead(dev: &str, ops: u64) -> gdirect::Result<()> {
         }
         start.elapsed().as_secs_f64() / ops as f64 * 1e6
     };
-    let pread_first = time(&mut || {
+    let mut pread_once = || {
         // SAFETY: `host` is 4096 writable bytes that outlive the call.
         unsafe {
             nix::libc::pread(
@@ -191,7 +191,9 @@ fn overhead(dev: &str, ops: u64) -> gdirect::Result<()> {
                 0,
             )
         };
-    });
+    };
+    // First and last: the guest's speed drifts during a run.
+    let pread_first = time(&mut pread_once);
     let info = time(&mut || {
         let _ = driver.info();
     });
@@ -210,17 +212,7 @@ fn overhead(dev: &str, ops: u64) -> gdirect::Result<()> {
         let _ = file.read_into_with(&reg, 0, 0, 4096, bounce);
     });
     drop(hostreg);
-    let pread = time(&mut || {
-        // SAFETY: `host` is 4096 writable bytes that outlive the call.
-        unsafe {
-            nix::libc::pread(
-                file_fd(&file),
-                host.as_slice().as_ptr().cast_mut().cast(),
-                4096,
-                0,
-            )
-        };
-    });
+    let pread = time(&mut pread_once);
     println!(
         "overhead ops={ops} info_us={info:.1} refused_read_us={refused:.1} read_us={read:.1} host_read_us={host_read:.1} bounce_read_us={bounce_read:.1} pread_us={pread:.1} pread_first_us={pread_first:.1}"
     );
