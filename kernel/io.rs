@@ -151,14 +151,13 @@ fn transport_of(disk: *mut bindings::gendisk, disk_dev: *mut bindings::device, p
     if cached != 0 && cached >> 8 == seq {
         return (cached & 0xff) as u32;
     }
-    let (transport, known) = match nvme_transport(disk_dev) {
-        Ok(Some(t)) => (t, true),
-        Ok(None) if pci => (uapi::TRANSPORT_PCIE, true),
-        Ok(None) => (uapi::TRANSPORT_UNKNOWN, true),
-        Err(_) if pci => (uapi::TRANSPORT_PCIE, false),
-        Err(_) => (uapi::TRANSPORT_UNKNOWN, false),
+    let found = nvme_transport(disk_dev);
+    let transport = match found {
+        Ok(Some(t)) => t,
+        _ if pci => uapi::TRANSPORT_PCIE,
+        _ => uapi::TRANSPORT_UNKNOWN,
     };
-    if known {
+    if found.is_ok() {
         slot.store(seq << 8 | u64::from(transport & 0xff), Relaxed);
     }
     transport
@@ -213,14 +212,14 @@ impl Target {
 
     /// `ENODEV` if the disk has gone away (deleted, hot-removed), or is going: a driver removing
     /// a disk first sets its size to zero (`nvme_ns_remove()`), and a read in that window ends
-    /// early as if at the end of the device. `submitted` is the size in sectors when the request
-    /// was submitted: a queued request can start after the size went to zero, and it must not
-    /// take that zero for the size it was submitted against.
-    fn check_live(&self, submitted: u64) -> Result {
+    /// early as if at the end of the device. `sectors` is the size when the request was checked:
+    /// a queued request can start after the size went to zero, and it must not take that zero
+    /// for the size it was submitted against.
+    fn check_live(&self) -> Result {
         // SAFETY: the disk of an open file's block device outlives the file.
         let live = unsafe { bindings::disk_live(self.disk) };
         // SAFETY: as above.
-        let emptied = submitted != 0 && unsafe { gdirect_get_capacity(self.disk.cast()) } == 0;
+        let emptied = self.sectors != 0 && unsafe { gdirect_get_capacity(self.disk.cast()) } == 0;
         if live && !emptied {
             Ok(())
         } else {
@@ -424,9 +423,7 @@ impl Transfer {
             // A read that came back short because the device went away is a failure, not an end
             // of file: report no bytes as transferred.
             .and_then(|(bytes, eof, bounced)| match eof {
-                true => target
-                    .check_live(target.sectors)
-                    .map(|()| (bytes, eof, bounced)),
+                true => target.check_live().map(|()| (bytes, eof, bounced)),
                 false => Ok((bytes, eof, bounced)),
             })
             .map(|(bytes, eof, bounce_bytes)| Outcome {
@@ -445,7 +442,7 @@ impl Transfer {
 
     /// The path, the reason for it, and the transport.
     fn decide(&self, target: &Target) -> Result<(u32, u32, u32)> {
-        target.check_live(target.sectors)?;
+        target.check_live()?;
         let memory = {
             let _use = self.reg.shared.begin_use()?;
             memory_kind(&self.reg)
@@ -456,7 +453,7 @@ impl Transfer {
             (Some(dev), Some(owner)) => match self
                 .reg
                 .shared
-                .map_type_for(dev, || topology::map_type(&owner.dev, dev))
+                .cached_map_type(dev, || topology::map_type(&owner.dev, dev))
             {
                 MapType::NotSupported => Reach::NotSupported,
                 MapType::BusAddr | MapType::ThruHostBridge => Reach::Supported,

@@ -230,7 +230,7 @@ impl RegShared {
     /// The map type from the registration's owner to `dev`: `compute`d once per storage device
     /// and kept, as the kernel's P2PDMA code keeps its verdict per (provider, client) pair
     /// (`pci_p2pdma::map_types`). A 4 KiB read does not walk the PCI hierarchy again.
-    pub(crate) fn map_type_for(
+    pub(crate) fn cached_map_type(
         &self,
         dev: &ARef<pci::Device>,
         compute: impl FnOnce() -> MapType,
