@@ -591,7 +591,7 @@ impl GdirectFile {
 fn get_stats(user: UserSlice) -> Result<isize> {
     let (mut reader, mut writer) = user.reader_writer();
     let args: StatsArgs = reader.read()?;
-    if args.flags != 0 || args.pad != 0 || args.reserved.iter().any(|&r| r != 0) {
+    if args.flags != 0 || args.pad != 0 {
         return Err(EINVAL);
     }
     let mut out = StatsArgs::default();

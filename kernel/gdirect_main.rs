@@ -20,6 +20,7 @@ mod file;
 mod io;
 mod memlock;
 mod misc;
+mod multipath;
 #[allow(
     dead_code,
     reason = "the nv-p2p definitions are shared with the rig's emulated GPU"

@@ -42,6 +42,7 @@ use kernel::{
 
 use crate::{
     bounce, error,
+    multipath::{self, Paths},
     path::{
         self,
         Facts,
@@ -69,6 +70,7 @@ unsafe extern "C" {
     fn gdirect_init_sync_kiocb(kiocb: *mut c_void, file: *mut c_void);
     fn gdirect_blk_queue_pci_p2pdma(q: *mut c_void) -> bool;
     fn gdirect_get_capacity(disk: *mut c_void) -> u64;
+    fn gdirect_fileattr_xflags(file: *mut c_void) -> i64;
     fn gdirect_page_address(page: *mut c_void) -> *mut c_void;
 }
 
@@ -118,6 +120,8 @@ struct Target {
     queue: *mut bindings::request_queue,
     /// The PCI device that DMAs for the storage (the NVMe controller), if one is found.
     dma_dev: Option<ARef<pci::Device>>,
+    /// The paths of an NVMe multipath head (`dma_dev` is then `None`).
+    paths: Option<Paths>,
     /// `GDIRECT_TRANSPORT_*`.
     transport: u32,
     /// The disk, for telling a device that went away from one that ended.
@@ -126,6 +130,9 @@ struct Target {
     sectors: u64,
     /// A regular file (on a file system), not a block device.
     regular: bool,
+    /// A regular file whose data is not on the file system's block device (see
+    /// [`data_elsewhere`]): the other facts are not about the device that does the I/O.
+    data_elsewhere: bool,
 }
 
 // SAFETY: the disk and queue pointers are only dereferenced while the transfer that holds this
@@ -142,7 +149,11 @@ static TRANSPORTS: [Atomic<u64>; 8] = [const { Atomic::new(0) }; 8];
 
 /// The transport of `disk`, whose device is `disk_dev` (see [`TRANSPORTS`]). An answer made
 /// without the attribute because a page could not be allocated is reported, not cached.
-fn transport_of(disk: *mut bindings::gendisk, disk_dev: *mut bindings::device, pci: bool) -> u32 {
+pub(crate) fn transport_of(
+    disk: *mut bindings::gendisk,
+    disk_dev: *mut bindings::device,
+    pci: bool,
+) -> u32 {
     // SAFETY: the disk of an open file's block device outlives the file; `diskseq` is set
     // before the disk is added and changes only with its media.
     let seq = unsafe { (*disk).diskseq };
@@ -193,20 +204,33 @@ impl Target {
         let logical_block_size =
             NonZeroU64::new(u64::from(unsafe { (*queue).limits.logical_block_size }))
                 .map_or(SECTOR, |lbs| lbs.max(SECTOR));
-        let dma_dev = pci_ancestor(disk_dev);
         // SAFETY: as above.
         let disk = unsafe { (*bdev).bd_disk };
-        let transport = transport_of(disk, disk_dev, dma_dev.is_some());
+        // SAFETY: as above.
+        let paths = unsafe { multipath::paths_of(disk_dev) }?;
+        // SAFETY: `file` is a valid, referenced file.
+        let data_elsewhere = regular && unsafe { data_elsewhere(f) };
+        let (dma_dev, transport) = match &paths {
+            _ if data_elsewhere => (None, uapi::TRANSPORT_UNKNOWN),
+            Some(p) => (None, p.transport),
+            None => {
+                let dma_dev = pci_ancestor(disk_dev);
+                let transport = transport_of(disk, disk_dev, dma_dev.is_some());
+                (dma_dev, transport)
+            }
+        };
         // SAFETY: as above.
         let sectors = unsafe { gdirect_get_capacity(disk.cast()) };
         Ok(Self {
             logical_block_size,
             queue,
             dma_dev,
+            paths,
             transport,
             disk,
             sectors,
             regular,
+            data_elsewhere,
         })
     }
 
@@ -300,8 +324,39 @@ unsafe fn device_attr(
     None
 }
 
+/// Whether the data of the regular file `f` may be on another block device than its super
+/// block's: an XFS realtime file (`FS_XFLAG_REALTIME`) keeps it on the file system's realtime
+/// device, which only XFS knows. Only XFS is asked, so other file systems pay nothing; a question
+/// XFS does not answer counts as yes, since the bounce path is right for any device.
+///
+/// # Safety
+///
+/// `f` is a valid, referenced regular file.
+unsafe fn data_elsewhere(f: *mut bindings::file) -> bool {
+    // SAFETY: a referenced file's inode, super block and file system type (whose name is a
+    // static string) live as long as the file.
+    unsafe {
+        let sb = (*(*f).f_inode).i_sb;
+        if CStr::from_char_ptr((*(*sb).s_type).name) != c"xfs" {
+            return false;
+        }
+        let xflags = gdirect_fileattr_xflags(f.cast());
+        xflags < 0 || xflags & i64::from(bindings::FS_XFLAG_REALTIME) != 0
+    }
+}
+
+/// Whether `queue` takes P2PDMA pages (`BLK_FEAT_PCI_P2PDMA`).
+///
+/// # Safety
+///
+/// `queue` is the queue of a disk that stays registered for the call.
+pub(crate) unsafe fn queue_takes_p2p(queue: *mut bindings::request_queue) -> bool {
+    // SAFETY: see the function's safety section.
+    unsafe { gdirect_blk_queue_pci_p2pdma(queue.cast()) }
+}
+
 /// The nearest PCI device at or above `dev` in the device tree, with a reference.
-fn pci_ancestor(mut dev: *mut bindings::device) -> Option<ARef<pci::Device>> {
+pub(crate) fn pci_ancestor(mut dev: *mut bindings::device) -> Option<ARef<pci::Device>> {
     while !dev.is_null() {
         // SAFETY: `dev` and its ancestors are valid while the disk below them is.
         if unsafe { (*dev).bus } == (&raw const bindings::pci_bus_type).cast_mut() {
@@ -447,28 +502,38 @@ impl Transfer {
             let _use = self.reg.shared.begin_use()?;
             memory_kind(&self.reg)
         };
-        let reach = match (&target.dma_dev, &self.reg.owner) {
-            (None, _) => Reach::Unknown,
-            // The PCI topology is looked at once per (memory, storage device) pair.
-            (Some(dev), Some(owner)) => match self
-                .reg
-                .shared
-                .cached_map_type(dev, || topology::map_type(&owner.dev, dev))
-            {
-                MapType::NotSupported => Reach::NotSupported,
-                MapType::BusAddr | MapType::ThruHostBridge => Reach::Supported,
-            },
-            (Some(_), None) => Reach::Supported,
+        let reach = match (&target.paths, &target.dma_dev) {
+            (Some(paths), _) => paths.reach(|dev| self.reach_from(dev)),
+            (None, Some(dev)) => self.reach_from(dev),
+            (None, None) => Reach::Unknown,
         };
         // SAFETY: the queue of an open file's block device outlives the file.
-        let queue_p2p = unsafe { gdirect_blk_queue_pci_p2pdma(target.queue.cast()) };
+        let queue_p2p = unsafe { queue_takes_p2p(target.queue) };
         let (path, reason) = path::decide(Facts {
             force_bounce: self.force_bounce,
             memory,
+            data_elsewhere: target.data_elsewhere,
             queue_p2p,
+            path_p2p: target.paths.as_ref().is_some_and(|p| p.p2p > 0),
             reach,
         });
         Ok((path, reason, target.transport))
+    }
+
+    /// How the storage's DMA device `dev` reaches the registration's memory.
+    fn reach_from(&self, dev: &ARef<pci::Device>) -> Reach {
+        let Some(owner) = &self.reg.owner else {
+            return Reach::Supported;
+        };
+        // The PCI topology is looked at once per (memory, storage device) pair.
+        match self
+            .reg
+            .shared
+            .cached_map_type(dev, || topology::map_type(&owner.dev, dev))
+        {
+            MapType::NotSupported => Reach::NotSupported,
+            MapType::BusAddr | MapType::ThruHostBridge => Reach::Supported,
+        }
     }
 
     /// DMA straight between the file and the registration's pages, [`DIRECT_CHUNK`] bytes at a

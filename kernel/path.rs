@@ -27,6 +27,10 @@ pub(crate) const REASON_QUEUE_NO_P2P: u32 = 2;
 pub(crate) const REASON_DISTANCE: u32 = 3;
 /// `GDIRECT_REASON_NO_PAGES`.
 pub(crate) const REASON_NO_PAGES: u32 = 4;
+/// `GDIRECT_REASON_MULTIPATH`.
+pub(crate) const REASON_MULTIPATH: u32 = 5;
+/// `GDIRECT_REASON_DATA_DEVICE`.
+pub(crate) const REASON_DATA_DEVICE: u32 = 6;
 
 /// What the registered memory is, as far as the decision goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,8 +62,14 @@ pub(crate) struct Facts {
     pub(crate) force_bounce: bool,
     /// The memory.
     pub(crate) memory: Memory,
+    /// The file's data is not on the block device the other facts are about (an XFS realtime
+    /// file is on the realtime device, which the module cannot find).
+    pub(crate) data_elsewhere: bool,
     /// The file's block queue has `BLK_FEAT_PCI_P2PDMA`.
     pub(crate) queue_p2p: bool,
+    /// The file's queue is an NVMe multipath head's, and at least one of its paths' queues has
+    /// `BLK_FEAT_PCI_P2PDMA` (the head has it only when all do).
+    pub(crate) path_p2p: bool,
     /// How the storage's DMA device reaches the memory.
     pub(crate) reach: Reach,
 }
@@ -69,7 +79,9 @@ pub(crate) struct Facts {
 /// P2P only when the queue accepts P2P pages, the memory has them and the storage's DMA device
 /// reaches the memory (or, for a queue with no PCI device below it, its driver will check the
 /// reach when it maps the pages and fail rather than corrupt); the first missing condition is
-/// the reason for the bounce.
+/// the reason for the bounce. A file whose data is on a device the facts are not about bounces
+/// (nothing is known of that device's queue or reach). A multipath head that refuses P2P pages although one of its paths
+/// would take them bounces for the reason `multipath`: the head, not the hardware, is in the way.
 pub(crate) fn decide(f: Facts) -> (u32, u32) {
     if f.force_bounce {
         return (PATH_BOUNCE, REASON_FORCED);
@@ -79,8 +91,14 @@ pub(crate) fn decide(f: Facts) -> (u32, u32) {
         Memory::DeviceNoPages => return (PATH_BOUNCE, REASON_NO_PAGES),
         Memory::DevicePages => {}
     }
+    if f.data_elsewhere {
+        return (PATH_BOUNCE, REASON_DATA_DEVICE);
+    }
     if !f.queue_p2p {
-        return (PATH_BOUNCE, REASON_QUEUE_NO_P2P);
+        return match f.path_p2p {
+            true => (PATH_BOUNCE, REASON_MULTIPATH),
+            false => (PATH_BOUNCE, REASON_QUEUE_NO_P2P),
+        };
     }
     match f.reach {
         Reach::Supported | Reach::Unknown => (PATH_P2P, REASON_NONE),

@@ -8,6 +8,7 @@
 #include <linux/cgroup.h>
 #include <linux/cred.h>
 #include <linux/dma-mapping.h>
+#include <linux/fileattr.h>
 #include <linux/fs.h>
 #include <linux/kthread.h>
 #include <linux/memcontrol.h>
@@ -104,6 +105,19 @@ u64 gdirect_get_capacity(void *disk);
 u64 gdirect_get_capacity(void *disk)
 {
 	return get_capacity((struct gendisk *)disk);
+}
+
+/*
+ * vfs_fileattr_get()'s FS_XFLAG_* for a file (struct file_kattr is not in the
+ * bindings), or its negative errno. file: struct file *
+ */
+s64 gdirect_fileattr_xflags(void *file);
+s64 gdirect_fileattr_xflags(void *file)
+{
+	struct file_kattr fa = { .fsx_valid = true };
+	int err = vfs_fileattr_get(file_dentry((struct file *)file), &fa);
+
+	return err ? err : fa.fsx_xflags;
 }
 
 /* q: struct request_queue * */

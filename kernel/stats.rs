@@ -135,8 +135,15 @@ pub(crate) fn record_io(path: u32, dir: Dir, reason: u32, result: &Result<Outcom
 /// The path names, as the CLI spells them.
 pub(crate) const PATH_NAMES: [&str; uapi::PATH_COUNT as usize] = ["p2p", "bounce", "host"];
 /// The reason names, as the CLI spells them.
-pub(crate) const REASON_NAMES: [&str; uapi::REASON_COUNT as usize] =
-    ["none", "forced", "queue_no_p2p", "distance", "no_pages"];
+pub(crate) const REASON_NAMES: [&str; uapi::REASON_COUNT as usize] = [
+    "none",
+    "forced",
+    "queue_no_p2p",
+    "distance",
+    "no_pages",
+    "multipath",
+    "data_device",
+];
 
 fn write_stats(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {
     writeln!(

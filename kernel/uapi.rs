@@ -58,7 +58,7 @@ pub(crate) const MAP_HOST_MEMORY: u32 = 3;
 pub(crate) const PATH_COUNT: u32 = 3;
 
 /// `GDIRECT_REASON_COUNT`.
-pub(crate) const REASON_COUNT: u32 = 5;
+pub(crate) const REASON_COUNT: u32 = 7;
 
 /// `GDIRECT_TRANSPORT_UNKNOWN`.
 pub(crate) const TRANSPORT_UNKNOWN: u32 = 0;
@@ -286,8 +286,7 @@ uapi_struct! {
         flags @ 0: u32,
         pad @ 4: u32,
         io @ 8: [[IoStats; 2]; 3],
-        reasons @ 1160: [u64; 5],
-        reserved @ 1200: [u64; 2],
+        reasons @ 1160: [u64; 7],
     }
 }
 

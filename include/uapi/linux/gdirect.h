@@ -334,12 +334,30 @@ enum gdirect_path_reason {
 	GDIRECT_REASON_DISTANCE = 3,
 	/* The provider's memory has no struct pages the block layer can use. */
 	GDIRECT_REASON_NO_PAGES = 4,
-	GDIRECT_REASON_COUNT = 5,
+	/*
+	 * The file is on an NVMe native multipath head whose queue does not
+	 * accept P2P pages although one of its paths' queues does: a head takes
+	 * them only when every path does (paths over TCP, for one, never do).
+	 * Remedy: disconnect the paths that take no P2P pages, or boot with
+	 * nvme_core.multipath=N so that each controller has its own namespace.
+	 */
+	GDIRECT_REASON_MULTIPATH = 5,
+	/*
+	 * The file's data is not on its file system's block device: an XFS
+	 * realtime file (FS_XFLAG_REALTIME) is on the realtime device, whose
+	 * queue and reach the module cannot check.
+	 */
+	GDIRECT_REASON_DATA_DEVICE = 6,
+	GDIRECT_REASON_COUNT = 7,
 };
 
 /*
  * The storage transport of the file's block device, reported with every
  * transfer: the NVMe controller's own `transport` (pcie, rdma, tcp, loop, fc).
+ * For an NVMe native multipath head, the transport its paths share (UNKNOWN
+ * when they differ or none is live); the head's transfers go peer to peer only
+ * when its queue takes P2P pages (all paths' do) and every path's PCI device,
+ * where the module finds one, reaches the memory.
  * NVMe-oF over TCP and nvme-loop never take P2P pages; over RDMA they do when
  * the RDMA device DMAs for real (a hardware RNIC), not with soft-RoCE (rxe) or
  * soft-iWARP (siw), whose "DMA" is a CPU copy. For a queue that takes P2P pages
@@ -510,8 +528,6 @@ struct gdirect_stats_args {
 	/* out: [path][direction], direction 0 = read, 1 = write */
 	struct gdirect_io_stats io[GDIRECT_PATH_COUNT][2];
 	__u64 reasons[GDIRECT_REASON_COUNT]; /* transfers by reason */
-	/* in, must be 0 */
-	__u64 reserved[2];
 };
 
 #define GDIRECT_IOC_GET_STATS _IOWR(GDIRECT_IOC_MAGIC, 0x09, struct gdirect_stats_args)

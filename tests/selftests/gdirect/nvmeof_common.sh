@@ -4,7 +4,8 @@
 # gdirect_common.sh by the NVMe-oF selftests and the demo. Everything lives in
 # the guest: a veth pair (gdv0, gdv1) carries the traffic, soft-RoCE (rxe0) on
 # gdv0 for RDMA; the nvmet target exports subsystems through configfs on an
-# RDMA port (1) and a TCP port (2) at the same address; the host side connects
+# RDMA port (1) and a TCP port (2) at the same address, and a second TCP port
+# (3, "tcp2", on the next service id) for a second path; the host side connects
 # with nvme-cli. _nvmeof_down removes all of it and checks that nothing is left.
 
 GDIRECT_NVMEOF_ADDR=169.254.77.1
@@ -22,11 +23,20 @@ _veth_down() { ip link del gdv0 2>/dev/null; }
 _rxe_up() { rdma link show rxe0 >/dev/null 2>&1 || rdma link add rxe0 type rxe netdev gdv0; }
 _rxe_down() { rdma link delete rxe0 2>/dev/null; }
 
-# The nvmet port id of a transport.
+# The nvmet port id of a port name: rdma, tcp, or tcp2 (the second TCP port).
 _nvmet_portid() {
 	case $1 in
 	rdma) echo 1 ;;
 	tcp) echo 2 ;;
+	tcp2) echo 3 ;;
+	esac
+}
+
+# The service id (TCP port) of a port name.
+_nvmet_svcid() {
+	case $1 in
+	tcp2) echo $((GDIRECT_NVMEOF_PORT + 1)) ;;
+	*) echo "$GDIRECT_NVMEOF_PORT" ;;
 	esac
 }
 
@@ -45,12 +55,12 @@ _nvmet_subsystem_del() {
 	return 0
 }
 
-# A port for transport $1 (rdma or tcp) on the guest's fabric address.
+# A port $1 (rdma, tcp or tcp2) on the guest's fabric address.
 _nvmet_port_add() {
 	local p="$GDIRECT_NVMET/ports/$(_nvmet_portid "$1")"
 	[ -d "$p" ] && return 0
-	mkdir "$p" && echo "$1" >"$p/addr_trtype" && echo ipv4 >"$p/addr_adrfam" &&
-		echo "$GDIRECT_NVMEOF_ADDR" >"$p/addr_traddr" && echo "$GDIRECT_NVMEOF_PORT" >"$p/addr_trsvcid"
+	mkdir "$p" && echo "${1%2}" >"$p/addr_trtype" && echo ipv4 >"$p/addr_adrfam" &&
+		echo "$GDIRECT_NVMEOF_ADDR" >"$p/addr_traddr" && _nvmet_svcid "$1" >"$p/addr_trsvcid"
 }
 
 _nvmet_port_del() {
@@ -93,6 +103,8 @@ _nvmeof_ns_by_nqn() {
 	ctrl=$(_nvmeof_ctrl_by_nqn "$1") || return 1
 	for ns in /sys/class/nvme/"$ctrl"/nvme*n1 /sys/class/nvme-subsystem/*/nvme*n1; do
 		[ -e "$ns" ] || continue
+		# A multipath path disk (nvme0c1n1) has no device node: the head is the namespace.
+		case "$(basename "$ns")" in nvme*c*n*) continue ;; esac
 		case "$ns" in
 		/sys/class/nvme-subsystem/*) [ "$(cat "$(dirname "$ns")/subsysnqn")" = "$1" ] || continue ;;
 		esac
@@ -146,6 +158,7 @@ _nvmeof_down() {
 	done
 	_nvmet_port_del rdma
 	_nvmet_port_del tcp
+	_nvmet_port_del tcp2
 	for s in "$GDIRECT_NVMET"/subsystems/"$GDIRECT_NQN_PREFIX":*; do
 		[ -d "$s" ] && _nvmet_subsystem_del "$(basename "$s")"
 	done

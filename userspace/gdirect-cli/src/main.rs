@@ -159,7 +159,8 @@ enum Command {
     /// several, PHB the host bridge, NODE across host bridges, SYS across NUMA nodes) and,
     /// where the module is loaded, the kernel's P2PDMA verdict; then the checks — module and
     /// providers, IOMMU, ACS redirect, BAR sizes, NUMA, P2PDMA, fabrics queues — each with a
-    /// verdict, the evidence and the fix. `nvmeof` lists only the fabrics controllers.
+    /// verdict, the evidence and the fix. `nvmeof` lists only the fabrics controllers and the
+    /// NVMe native multipath heads with their paths.
     ///
     /// Exit status (all): 0 when the direct path can work for at least one pair, 1 when not,
     /// 2 when sysfs cannot be read. (nvmeof): 0 when the check ran.
@@ -1238,10 +1239,54 @@ struct ControllerJson {
     advice: Option<String>,
 }
 
+#[derive(Serialize)]
+struct HeadJson {
+    name: String,
+    subsysnqn: String,
+    iopolicy: String,
+    paths: Vec<HeadPathJson>,
+    verdict: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    advice: Option<String>,
+}
+
+#[derive(Serialize)]
+struct HeadPathJson {
+    name: String,
+    controller: String,
+    transport: String,
+    ana_state: String,
+}
+
 /// `gdirect check nvmeof`.
 fn check_nvmeof(sysfs: &std::path::Path, json: bool) {
     let controllers = gdirect::nvmeof::fabric_controllers(sysfs);
+    let native = gdirect::nvmeof::native_multipath(sysfs);
+    let heads = gdirect::nvmeof::multipath_heads(sysfs);
     if json {
+        let heads: Vec<HeadJson> = heads
+            .iter()
+            .map(|h| {
+                let advice = h.advice();
+                HeadJson {
+                    name: h.name.clone(),
+                    subsysnqn: h.subsysnqn.clone(),
+                    iopolicy: h.iopolicy.clone(),
+                    paths: h
+                        .paths
+                        .iter()
+                        .map(|p| HeadPathJson {
+                            name: p.name.clone(),
+                            controller: p.controller.clone(),
+                            transport: p.transport.clone(),
+                            ana_state: p.ana_state.clone(),
+                        })
+                        .collect(),
+                    verdict: if advice.is_some() { "warning" } else { "ok" },
+                    advice,
+                }
+            })
+            .collect();
         let list: Vec<ControllerJson> = controllers
             .iter()
             .map(|c| {
@@ -1259,7 +1304,10 @@ fn check_nvmeof(sysfs: &std::path::Path, json: bool) {
                 }
             })
             .collect();
-        print_json(&serde_json::json!({ "nvmeof": { "controllers": list } }));
+        print_json(&serde_json::json!({ "nvmeof": {
+            "controllers": list,
+            "multipath": { "native": native, "heads": heads },
+        } }));
         return;
     }
     println!("NVMe over Fabrics controllers");
@@ -1278,6 +1326,40 @@ fn check_nvmeof(sysfs: &std::path::Path, json: bool) {
         );
         println!("          {}", c.subsysnqn);
         if let Some(advice) = c.queue_size_advice() {
+            println!("          warning: {advice}");
+        }
+    }
+    println!(
+        "NVMe native multipath: {}",
+        match native {
+            Some(true) =>
+                "on (nvme_core.multipath=Y): a namespace several controllers reach is \
+                           one head device; GPU reads through it go peer to peer only when every \
+                           path takes P2P pages",
+            Some(false) => "off (nvme_core.multipath=N): each controller has its own namespace",
+            None => "not available (no nvme_core, or built without CONFIG_NVME_MULTIPATH)",
+        }
+    );
+    for h in &heads {
+        let verdict = if h.advice().is_some() {
+            "WARNING"
+        } else {
+            "ok"
+        };
+        println!(
+            "  {:<7} {} path(s), I/O policy {}: {verdict}",
+            h.name,
+            h.paths.len(),
+            h.iopolicy
+        );
+        println!("          {}", h.subsysnqn);
+        for p in &h.paths {
+            println!(
+                "          {:<11} {:<7} {:<4} {}",
+                p.name, p.controller, p.transport, p.ana_state
+            );
+        }
+        if let Some(advice) = h.advice() {
             println!("          warning: {advice}");
         }
     }

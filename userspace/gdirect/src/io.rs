@@ -81,18 +81,26 @@ pub enum Reason {
     Distance,
     /// The provider's memory has no pages the block layer can use.
     NoPages,
+    /// The file is on an NVMe native multipath head that does not accept P2P pages although one
+    /// of its paths does (a head takes them only when all its paths do).
+    Multipath,
+    /// The file's data is not on its file system's block device (an XFS realtime file), so its
+    /// device's queue and reach could not be checked.
+    DataDevice,
     /// A value this library does not know (a newer module): reported as it came.
     Unknown(u32),
 }
 
 impl Reason {
     /// Every reason, in the order of the ABI.
-    pub const ALL: [Reason; 5] = [
+    pub const ALL: [Reason; 7] = [
         Reason::None,
         Reason::Forced,
         Reason::QueueNoP2p,
         Reason::Distance,
         Reason::NoPages,
+        Reason::Multipath,
+        Reason::DataDevice,
     ];
 
     pub(crate) fn from_raw(raw: u32) -> Self {
@@ -102,6 +110,8 @@ impl Reason {
             sys::GDIRECT_REASON_QUEUE_NO_P2P => Self::QueueNoP2p,
             sys::GDIRECT_REASON_DISTANCE => Self::Distance,
             sys::GDIRECT_REASON_NO_PAGES => Self::NoPages,
+            sys::GDIRECT_REASON_MULTIPATH => Self::Multipath,
+            sys::GDIRECT_REASON_DATA_DEVICE => Self::DataDevice,
             raw => Self::Unknown(raw),
         }
     }
@@ -119,6 +129,8 @@ impl Reason {
             Self::QueueNoP2p => "queue_no_p2p",
             Self::Distance => "distance",
             Self::NoPages => "no_pages",
+            Self::Multipath => "multipath",
+            Self::DataDevice => "data_device",
             Self::Unknown(_) => "unknown",
         }
     }
@@ -148,6 +160,13 @@ impl Reason {
             Self::NoPages => {
                 "the provider's memory has no pages the block layer can take".to_string()
             }
+            Self::Multipath => format!(
+                "the file is on an NVMe native multipath head ({t}), which takes P2P pages only                  when every path does, and not all of its paths do: disconnect the paths that                  cannot (over TCP, or an RDMA device without P2PDMA), or boot with                  nvme_core.multipath=N so that each controller has its own namespace"
+            ),
+            Self::DataDevice => "the file's data is not on its file system's block device (an \
+                                 XFS realtime file is on the realtime device), whose queue and \
+                                 reach the module cannot check"
+                .to_string(),
             Self::Unknown(raw) => format!(
                 "reason {raw}, which this library does not know (the module is newer than it)"
             ),
@@ -803,7 +822,7 @@ pub struct Stats {
     /// By `[path][direction]`: paths in [`IoPath::ALL`] order, direction 0 read, 1 write.
     pub io: [[PathStats; 2]; 3],
     /// Transfers by reason, in [`Reason::ALL`] order.
-    pub reasons: [u64; 5],
+    pub reasons: [u64; Reason::ALL.len()],
 }
 
 impl Stats {

@@ -199,13 +199,18 @@ mod path_decision {
         assert_eq!(kpath::REASON_QUEUE_NO_P2P, GDIRECT_REASON_QUEUE_NO_P2P);
         assert_eq!(kpath::REASON_DISTANCE, GDIRECT_REASON_DISTANCE);
         assert_eq!(kpath::REASON_NO_PAGES, GDIRECT_REASON_NO_PAGES);
+        assert_eq!(kpath::REASON_MULTIPATH, GDIRECT_REASON_MULTIPATH);
+        assert_eq!(kpath::REASON_DATA_DEVICE, GDIRECT_REASON_DATA_DEVICE);
+        assert_eq!(GDIRECT_REASON_COUNT, 7);
     }
 
     fn facts(memory: Memory, queue_p2p: bool, reach: Reach) -> Facts {
         Facts {
             force_bounce: false,
             memory,
+            data_elsewhere: false,
             queue_p2p,
+            path_p2p: false,
             reach,
         }
     }
@@ -244,6 +249,59 @@ mod path_decision {
     }
 
     #[test]
+    fn a_multipath_head_in_the_way_is_named() {
+        // A head over a P2P-capable path and one that is not (PCIe and TCP, or a P2P RNIC
+        // and TCP): the head's stacked queue refuses P2P pages, and the head is the reason.
+        for reach in [Reach::Supported, Reach::NotSupported, Reach::Unknown] {
+            let f = Facts {
+                path_p2p: true,
+                ..facts(Memory::DevicePages, false, reach)
+            };
+            assert_eq!(decide(f), (GDIRECT_PATH_BOUNCE, GDIRECT_REASON_MULTIPATH));
+            // Host memory and page-less memory are unaffected by the head.
+            let host = Facts {
+                memory: Memory::Host,
+                ..f
+            };
+            assert_eq!(decide(host), (GDIRECT_PATH_HOST, GDIRECT_REASON_NONE));
+        }
+        // A head whose paths all take P2P pages takes them too: the reach decides.
+        let all = Facts {
+            path_p2p: true,
+            ..facts(Memory::DevicePages, true, Reach::Supported)
+        };
+        assert_eq!(decide(all), (GDIRECT_PATH_P2P, GDIRECT_REASON_NONE));
+        let far = Facts {
+            reach: Reach::NotSupported,
+            ..all
+        };
+        assert_eq!(decide(far), (GDIRECT_PATH_BOUNCE, GDIRECT_REASON_DISTANCE));
+    }
+
+    #[test]
+    fn data_on_another_device_bounces_device_memory() {
+        // An XFS realtime file on a file system whose data device is P2P-capable and near:
+        // the facts are about the wrong device, so device memory bounces.
+        for memory in [Memory::DevicePages, Memory::DeviceNoPages] {
+            let f = Facts {
+                data_elsewhere: true,
+                ..facts(memory, true, Reach::Supported)
+            };
+            let want = match memory {
+                Memory::DevicePages => GDIRECT_REASON_DATA_DEVICE,
+                _ => GDIRECT_REASON_NO_PAGES,
+            };
+            assert_eq!(decide(f), (GDIRECT_PATH_BOUNCE, want));
+        }
+        // Host memory is reached from any device.
+        let host = Facts {
+            data_elsewhere: true,
+            ..facts(Memory::Host, true, Reach::Supported)
+        };
+        assert_eq!(decide(host), (GDIRECT_PATH_HOST, GDIRECT_REASON_NONE));
+    }
+
+    #[test]
     fn memory_decides_before_the_queue() {
         for queue_p2p in [false, true] {
             for reach in [Reach::Supported, Reach::NotSupported, Reach::Unknown] {
@@ -266,7 +324,9 @@ mod path_decision {
                 let f = Facts {
                     force_bounce: true,
                     memory,
+                    data_elsewhere: queue_p2p,
                     queue_p2p,
+                    path_p2p: queue_p2p,
                     reach: Reach::Supported,
                 };
                 assert_eq!(decide(f), (GDIRECT_PATH_BOUNCE, GDIRECT_REASON_FORCED));
