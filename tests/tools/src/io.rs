@@ -284,11 +284,11 @@ fn readmem(kind: &str, dev: &str, offset: u64, len: u64) -> gdirect::Result<()> 
     match kind.split_once(':') {
         None if kind == "host" => {
             let mut mem = gdirect::HostBuffer::new(n)?;
-            mem.as_mut_slice().copy_from_slice(&poison);
+            mem.write(0, &poison);
             let reg = driver.register(&mem)?;
             print_transfer(&file.read_into(&reg, 0, offset, len)?);
             drop(reg);
-            got.copy_from_slice(mem.as_slice());
+            mem.read(0, &mut got);
         }
         None if kind == "egpu" => {
             let mut mem = Egpu::open()?.alloc(len.div_ceil(1 << 16) << 16)?;
@@ -378,7 +378,7 @@ fn credwrite(batched: bool, path: &str, offset: u64, len: u64) -> gdirect::Resul
     let driver = Driver::open()?;
     let mut mem = gdirect::HostBuffer::new(len as usize)?;
     let data = pattern(offset ^ len, len as usize);
-    mem.as_mut_slice().copy_from_slice(&data);
+    mem.write(0, &data);
     let reg = driver.register(&mem)?;
     let file = File::open_direct_rw(path)?;
     let result = if batched {

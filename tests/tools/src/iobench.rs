@@ -95,7 +95,7 @@ fn run(dev: &str, mode: &str, pattern: &str, ops: u64, qd: u64) -> gdirect::Resu
                         unsafe {
                             nix::libc::pread(
                                 file_fd(file),
-                                buf.as_slice().as_ptr().cast_mut().cast(),
+                                buf.as_ptr().cast(),
                                 len as usize,
                                 *off as i64,
                             )
@@ -183,14 +183,7 @@ fn overhead(dev: &str, ops: u64) -> gdirect::Result<()> {
     };
     let mut pread_once = || {
         // SAFETY: `host` is 4096 writable bytes that outlive the call.
-        unsafe {
-            nix::libc::pread(
-                file_fd(&file),
-                host.as_slice().as_ptr().cast_mut().cast(),
-                4096,
-                0,
-            )
-        };
+        unsafe { nix::libc::pread(file_fd(&file), host.as_ptr().cast(), 4096, 0) };
     };
     // First and last: the guest's speed drifts during a run.
     let pread_first = time(&mut pread_once);

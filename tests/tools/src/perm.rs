@@ -198,7 +198,7 @@ fn cross_child(kind: &str) -> gdirect::Result<()> {
         drop(alloc);
     } else {
         let mut buf = HostBuffer::new(4096)?;
-        buf.as_mut_slice().fill(0x5a);
+        buf.fill(0x5a);
         println!("addr={}", buf.device_address());
         println!("owner_host_addr={}", outcome(&driver.register(&buf)));
         wait_parent();

@@ -158,7 +158,7 @@ fn pagemap_phys(addr: u64) -> std::io::Result<u64> {
 fn host(size: u64, peer: PciAddress) -> gdirect::Result<()> {
     let driver = Driver::open()?;
     let mut buf = HostBuffer::new(size as usize)?;
-    buf.as_mut_slice().fill(0x5a);
+    buf.fill(0x5a);
     let reg = driver.register(&buf)?;
     println!(
         "page_size={} page_count={}",
@@ -945,7 +945,7 @@ fn query_stall(peer: PciAddress) -> gdirect::Result<()> {
 fn query_privilege(peer: PciAddress, undriven: PciAddress) -> gdirect::Result<()> {
     let fd = open_dev()?;
     let mut buf = HostBuffer::new(16 << 10)?;
-    buf.as_mut_slice().fill(0x5a);
+    buf.fill(0x5a);
     let (r, handle) = register_raw(&fd, Provider::Host.id(), buf.device_address(), 16 << 10, 0);
     if r != "OK" {
         println!("register={r}");
@@ -1147,7 +1147,7 @@ fn memcg_kernel() -> Option<u64> {
 fn memcg(size: u64, count: u64) -> gdirect::Result<()> {
     let driver = Driver::open()?;
     let mut buf = HostBuffer::new(size as usize)?;
-    buf.as_mut_slice().fill(1);
+    buf.fill(1);
     let before = memcg_kernel();
     let regs = (0..count)
         .map(|_| driver.register(&buf))

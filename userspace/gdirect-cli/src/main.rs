@@ -544,7 +544,7 @@ impl Mem {
     fn read_back(&self, offset: u64, out: &mut [u8]) -> gdirect::Result<()> {
         let at = offset as usize;
         match self {
-            Self::Host(m) => out.copy_from_slice(&m.as_slice()[at..at + out.len()]),
+            Self::Host(m) => m.read(at, out),
             Self::Egpu(m) => m.read(offset, out)?,
             Self::P2p(m) => m.read(at, out),
         }
@@ -555,7 +555,7 @@ impl Mem {
     fn fill(&mut self, offset: u64, data: &[u8]) -> gdirect::Result<()> {
         let at = offset as usize;
         match self {
-            Self::Host(m) => m.as_mut_slice()[at..at + data.len()].copy_from_slice(data),
+            Self::Host(m) => m.write(at, data),
             Self::Egpu(m) => m.write(offset, data)?,
             Self::P2p(m) => m.write(at, data),
         }

@@ -542,14 +542,35 @@ fn io_error(
 
 /// A batch of transfers for [`Driver::submit`] (`GDIRECT_IOC_SUBMIT`).
 ///
-/// Entries name their file and registration; the module takes its own references when the batch
-/// is submitted, so both may be dropped while the transfers run.
+/// Entries name their file and registration, which the batch borrows until it is dropped: an
+/// entry records a file descriptor and a handle, and a file closed meanwhile could see its number
+/// reused by another file, which the batch would then read. The module takes its own references
+/// when the batch is submitted, so both may be dropped once the batch is, while the transfers
+/// run.
+///
+/// A batch cannot outlive the file it names (this does not compile):
+///
+/// ```compile_fail,E0597
+/// use gdirect::{Batch, Driver, File, HostBuffer};
+/// let driver = Driver::open()?;
+/// let buf = HostBuffer::new(4096)?;
+/// let reg = driver.register(&buf)?;
+/// let mut batch = Batch::new();
+/// {
+///     let file = File::open_direct("/dev/nvme0n1")?;
+///     batch.read(&file, &reg, 0, 0, 4096, 1);
+/// }
+/// driver.submit(&batch, 0)?;
+/// # Ok::<(), gdirect::Error>(())
+/// ```
 #[derive(Debug, Default)]
-pub struct Batch {
+pub struct Batch<'a> {
     sqes: Vec<sys::gdirect_sqe>,
+    /// The files and registrations the entries name.
+    names: std::marker::PhantomData<&'a ()>,
 }
 
-impl Batch {
+impl<'a> Batch<'a> {
     /// An empty batch.
     pub fn new() -> Self {
         Self::default()
@@ -558,8 +579,8 @@ impl Batch {
     /// Adds a read of `len` bytes at `file_offset` into `reg` at `buf_offset`, tagged `user_data`.
     pub fn read(
         &mut self,
-        file: &File,
-        reg: &Registration<'_>,
+        file: &'a File,
+        reg: &'a Registration<'_>,
         buf_offset: u64,
         file_offset: u64,
         len: u64,
@@ -580,8 +601,8 @@ impl Batch {
     /// Adds a write of `len` bytes of `reg` at `buf_offset` to `file_offset`.
     pub fn write(
         &mut self,
-        file: &File,
-        reg: &Registration<'_>,
+        file: &'a File,
+        reg: &'a Registration<'_>,
         buf_offset: u64,
         file_offset: u64,
         len: u64,
@@ -603,8 +624,8 @@ impl Batch {
     #[allow(clippy::too_many_arguments, reason = "the fields of one transfer")]
     pub fn read_with(
         &mut self,
-        file: &File,
-        reg: &Registration<'_>,
+        file: &'a File,
+        reg: &'a Registration<'_>,
         buf_offset: u64,
         file_offset: u64,
         len: u64,
@@ -627,8 +648,8 @@ impl Batch {
     #[allow(clippy::too_many_arguments, reason = "the fields of one transfer")]
     pub fn write_with(
         &mut self,
-        file: &File,
-        reg: &Registration<'_>,
+        file: &'a File,
+        reg: &'a Registration<'_>,
         buf_offset: u64,
         file_offset: u64,
         len: u64,
@@ -653,8 +674,8 @@ impl Batch {
     pub fn push(
         &mut self,
         op: u32,
-        file: &File,
-        reg: &Registration<'_>,
+        file: &'a File,
+        reg: &'a Registration<'_>,
         buf_offset: u64,
         file_offset: u64,
         len: u64,
@@ -707,7 +728,7 @@ impl Driver {
     /// Submits the batch's entries from `start` (`GDIRECT_IOC_SUBMIT`, at most [`BATCH_MAX`] at
     /// a time): returns how many were queued, which is less than asked when the file's
     /// in-flight limit is reached (reap, then submit the rest).
-    pub fn submit(&self, batch: &Batch, start: usize) -> Result<usize> {
+    pub fn submit(&self, batch: &Batch<'_>, start: usize) -> Result<usize> {
         let entries = batch.sqes.get(start..).unwrap_or(&[]);
         let count = entries.len().min(BATCH_MAX);
         if count == 0 {

@@ -41,7 +41,12 @@ use crate::{
 /// `provider()` that the value owns and keeps allocated for as long as it lives (or frees only
 /// through its provider, which revokes registrations of it first): the module
 /// pins that range and devices write it, so a wrong address or length would let a transfer
-/// overwrite memory the program uses for something else.
+/// overwrite memory the program uses for something else. And safe code never gets a Rust
+/// reference (`&[u8]`, `&mut [u8]`) into the range from the value: devices write it behind the
+/// compiler's back, while the value is registered and, for a batched transfer, possibly after
+/// (a registration can be leaked with `mem::forget`), so the memory is read and written only
+/// through volatile copies (as [`HostBuffer::read`] and [`HostBuffer::write`] do) or by the
+/// device that owns it.
 pub unsafe trait DeviceMemory {
     /// Which provider owns the memory.
     fn provider(&self) -> Provider;
@@ -61,7 +66,47 @@ fn page_size() -> usize {
     usize::try_from(unsafe { nix::libc::sysconf(nix::libc::_SC_PAGESIZE) }).unwrap_or(4096)
 }
 
-/// Page-aligned host memory of the calling process (an anonymous mapping).
+/// Copies `out.len()` bytes from `src` with volatile reads.
+///
+/// # Safety
+///
+/// `src..src + out.len()` is mapped and readable.
+unsafe fn copy_out_volatile(src: *const u8, out: &mut [u8]) {
+    for (i, b) in out.iter_mut().enumerate() {
+        // SAFETY: in bounds, see the function's safety section.
+        *b = unsafe { src.add(i).read_volatile() };
+    }
+}
+
+/// Copies `data` to `dst` with volatile writes.
+///
+/// # Safety
+///
+/// `dst..dst + data.len()` is mapped, writable, and no Rust reference points into it.
+unsafe fn copy_in_volatile(dst: *mut u8, data: &[u8]) {
+    for (i, b) in data.iter().enumerate() {
+        // SAFETY: in bounds, see the function's safety section.
+        unsafe { dst.add(i).write_volatile(*b) };
+    }
+}
+
+/// Page-aligned host memory of the calling process (an anonymous mapping), for registering.
+///
+/// Its bytes are reached only by copies ([`HostBuffer::read`], [`HostBuffer::write`]), never
+/// through a Rust reference: a device may write them whenever a transfer into a registration of
+/// them runs, so a `&[u8]` into them would be undefined behaviour. So this, which would hold a
+/// view of the bytes while a read writes them, does not compile:
+///
+/// ```compile_fail,E0599
+/// use gdirect::{Driver, File, HostBuffer};
+/// let driver = Driver::open()?;
+/// let buf = HostBuffer::new(4096)?;
+/// let reg = driver.register(&buf)?;
+/// let view: &[u8] = buf.as_slice();
+/// File::open_direct("/dev/nvme0n1")?.read_into(&reg, 0, 0, 4096)?;
+/// println!("{}", view[0]);
+/// # Ok::<(), gdirect::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct HostBuffer {
     ptr: NonNull<u8>,
@@ -70,7 +115,8 @@ pub struct HostBuffer {
 
 // SAFETY: the buffer is plain memory owned by this value.
 unsafe impl Send for HostBuffer {}
-// SAFETY: shared access is read-only.
+// SAFETY: no reference into the memory is handed out; shared access only copies out of it,
+// with volatile reads, and writing needs `&mut`.
 unsafe impl Sync for HostBuffer {}
 
 impl HostBuffer {
@@ -101,16 +147,46 @@ impl HostBuffer {
         })
     }
 
-    /// The bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the mapping is `len` bytes, readable, and lives as long as `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    /// The start of the mapping, for system calls that fill it (`pread`): writing through it
+    /// is the caller's `unsafe` to justify.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
     }
 
-    /// The bytes, for writing.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and `&mut self` makes this the only reference.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    /// Copies `out.len()` bytes at `offset` out of the buffer.
+    ///
+    /// # Panics
+    ///
+    /// When the range is past the end.
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
+        assert!(
+            offset <= self.len && out.len() <= self.len - offset,
+            "HostBuffer::read past the end"
+        );
+        // SAFETY: in bounds (checked above) of the mapping, which lives as long as `self`.
+        unsafe { copy_out_volatile(self.ptr.as_ptr().add(offset), out) };
+    }
+
+    /// Copies `data` into the buffer at `offset`.
+    ///
+    /// # Panics
+    ///
+    /// When the range is past the end.
+    pub fn write(&mut self, offset: usize, data: &[u8]) {
+        assert!(
+            offset <= self.len && data.len() <= self.len - offset,
+            "HostBuffer::write past the end"
+        );
+        // SAFETY: as in `read`; no reference into the mapping exists.
+        unsafe { copy_in_volatile(self.ptr.as_ptr().add(offset), data) };
+    }
+
+    /// Sets every byte to `byte`.
+    pub fn fill(&mut self, byte: u8) {
+        for i in 0..self.len {
+            // SAFETY: in bounds of the mapping; no reference into it exists.
+            unsafe { self.ptr.as_ptr().add(i).write_volatile(byte) };
+        }
     }
 }
 
@@ -225,10 +301,8 @@ impl P2pMem {
             offset <= self.len && out.len() <= self.len - offset,
             "P2pMem::read past the end"
         );
-        for (i, b) in out.iter_mut().enumerate() {
-            // SAFETY: in bounds (checked above) of the mapping. Volatile: device memory.
-            *b = unsafe { self.ptr.as_ptr().add(offset + i).read_volatile() };
-        }
+        // SAFETY: in bounds (checked above) of the mapping. Volatile: device memory.
+        unsafe { copy_out_volatile(self.ptr.as_ptr().add(offset), out) };
     }
 
     /// Copies `data` into the device memory at `offset`.
@@ -237,10 +311,8 @@ impl P2pMem {
             offset <= self.len && data.len() <= self.len - offset,
             "P2pMem::write past the end"
         );
-        for (i, b) in data.iter().enumerate() {
-            // SAFETY: as in `read`, and `&mut self` makes this the only writer.
-            unsafe { self.ptr.as_ptr().add(offset + i).write_volatile(*b) };
-        }
+        // SAFETY: as in `read`, and `&mut self` makes this the only writer.
+        unsafe { copy_in_volatile(self.ptr.as_ptr().add(offset), data) };
     }
 }
 

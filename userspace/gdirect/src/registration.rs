@@ -131,10 +131,10 @@ impl Driver {
         options: RegisterOptions,
     ) -> Result<Registration<'a>> {
         // SAFETY: `DeviceMemory` promises that the range is the provider's memory owned by
-        // `mem`, which the registration borrows for its whole life. Not yet guaranteed: that no
-        // reference reads the memory during a transfer (`&M` allows `as_slice` meanwhile, and a
-        // batch may outlive the registration); the registration must come to hold `&mut M`
-        // (issue 15, open).
+        // `mem`, which the registration borrows for its whole life, and that safe code reaches
+        // it only through volatile copies, never a Rust reference, so a device writing it while
+        // `mem` is shared (or after a batched transfer outlived a leaked registration) races
+        // with no reference.
         unsafe { self.register_range(mem.provider(), mem.device_address(), mem.len(), options) }
     }
 

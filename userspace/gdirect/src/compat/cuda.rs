@@ -27,6 +27,52 @@ fn cuda_err(what: &'static str, e: DriverError) -> Error {
     }
 }
 
+/// A CUDA context made current on this thread by pushing it (`cuCtxPushCurrent`), popped when
+/// dropped: the thread's own current context, if it had one, is current again. The engine works
+/// on its caller's thread too, and a library must not leave that thread bound to its context.
+/// (When the context is current already nothing is pushed, so nothing is popped.)
+pub struct Entered {
+    pushed: bool,
+    /// Popped on the thread that pushed.
+    _thread: std::marker::PhantomData<*const ()>,
+}
+
+impl Entered {
+    fn push(ctx: &CudaContext) -> Result<Self> {
+        let mut current: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `current` receives the calling thread's current context, or null.
+        cuda("reading the current context", unsafe {
+            sys::cuCtxGetCurrent(&mut current)
+        })?;
+        if current == ctx.cu_ctx() {
+            return Ok(Self {
+                pushed: false,
+                _thread: std::marker::PhantomData,
+            });
+        }
+        // SAFETY: the context is alive (`ctx` holds it) and owned by cudarc, which is not told:
+        // a push makes it current without taking it, and the pop in `drop` undoes it.
+        cuda("pushing the context", unsafe {
+            sys::cuCtxPushCurrent_v2(ctx.cu_ctx())
+        })?;
+        Ok(Self {
+            pushed: true,
+            _thread: std::marker::PhantomData,
+        })
+    }
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut popped: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: this thread pushed the context (`Entered` is not `Send`) and pops it
+            // once; `popped` receives it.
+            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        }
+    }
+}
+
 /// Whether the CUDA driver library can be loaded (cudarc panics on first use when it cannot).
 pub fn driver_present() -> bool {
     static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -176,13 +222,14 @@ pub struct CudaLane {
 }
 
 // SAFETY: CUDA stream, event and pinned-memory handles may be used from any thread that has
-// the context current; every use binds it first (`enter_thread`, `Drop`).
+// the context current; every use makes it current first (`enter_thread`, `Drop`).
 unsafe impl Send for CudaLane {}
 
 impl Backend for CudaBackend {
     type Memory = CudaSlice<u8>;
     type Dest = CudaDest;
     type Lane = CudaLane;
+    type Entered = Entered;
 
     fn dest(memory: &mut CudaSlice<u8>) -> CudaDest {
         let len = memory.num_bytes() as u64;
@@ -226,10 +273,8 @@ impl Backend for CudaBackend {
         Ok(lane)
     }
 
-    fn enter_thread(&self) -> Result<()> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| cuda_err("binding the context", e))
+    fn enter_thread(&self) -> Result<Entered> {
+        Entered::push(&self.ctx)
     }
 
     fn before_read(&self, memory: &CudaSlice<u8>) -> Result<()> {
@@ -242,7 +287,7 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn register(&self, ptr: *const u8, len: usize) -> Result<()> {
-        self.enter_thread()?;
+        let _entered = self.enter_thread()?;
         // SAFETY: `ptr..ptr+len` is a page-aligned range of a live read-only file mapping the
         // engine holds until it unregisters it; READ_ONLY matches its protection.
         cuda("page-cache registration", unsafe {
@@ -255,7 +300,7 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn unregister(&self, ptr: *const u8) {
-        if self.enter_thread().is_ok() {
+        if let Ok(_entered) = self.enter_thread() {
             // SAFETY: `ptr` was registered by `register` and not yet unregistered; no copy
             // from it is in flight (the engine releases only between reads).
             let _ = unsafe { sys::cuMemHostUnregister(ptr.cast_mut().cast()) };
@@ -388,9 +433,9 @@ impl Lane for CudaLane {
 
 impl Drop for CudaLane {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_err() {
+        let Ok(_entered) = Entered::push(&self.ctx) else {
             return;
-        }
+        };
         // SAFETY: our handles, each destroyed once, after the stream has drained.
         unsafe {
             let _ = sys::cuStreamSynchronize(self.stream);

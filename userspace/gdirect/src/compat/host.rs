@@ -82,6 +82,7 @@ impl Backend for HostBackend {
     type Memory = [u8];
     type Dest = HostDest;
     type Lane = HostLane;
+    type Entered = ();
 
     fn dest(memory: &mut [u8]) -> HostDest {
         HostDest {
@@ -92,6 +93,10 @@ impl Backend for HostBackend {
 
     fn dest_len(dest: &HostDest) -> u64 {
         dest.len
+    }
+
+    fn enter_thread(&self) -> Result<()> {
+        Ok(())
     }
 
     fn lane(&self, buffers: usize, capacity: usize) -> Result<HostLane> {

@@ -59,6 +59,8 @@ pub trait Backend: Send + Sync {
     type Dest: Copy + Send + Sync;
     /// A worker's staging buffers and copy queue.
     type Lane: Lane<Dest = Self::Dest> + Send;
+    /// What [`Backend::enter_thread`] returns: dropping it leaves the thread as it was.
+    type Entered;
 
     /// The raw view of `memory`.
     fn dest(memory: &mut Self::Memory) -> Self::Dest;
@@ -67,10 +69,11 @@ pub trait Backend: Send + Sync {
     /// A new lane of `buffers` staging buffers of `capacity` bytes each, allocated when first
     /// used (made in the worker thread that uses it).
     fn lane(&self, buffers: usize, capacity: usize) -> Result<Self::Lane>;
-    /// Called first in each worker thread (a CUDA backend binds its context).
-    fn enter_thread(&self) -> Result<()> {
-        Ok(())
-    }
+    /// Makes the backend usable on the calling thread until the returned value is dropped: a
+    /// CUDA backend pushes its context and pops it then, so the caller's current context is
+    /// the one it had before (the engine enters on the caller's thread for each read and in
+    /// each worker).
+    fn enter_thread(&self) -> Result<Self::Entered>;
     /// Waits for work on `memory` queued before the read (a CUDA allocation's stream).
     fn before_read(&self, _memory: &Self::Memory) -> Result<()> {
         Ok(())
@@ -545,6 +548,7 @@ impl<B: Backend> CompatEngine<B> {
         file_offset: u64,
         len: u64,
     ) -> Result<Report> {
+        let _entered = self.backend.enter_thread()?;
         self.backend.before_read(memory)?;
         let dest = B::dest(memory);
         let r = self.read_input(src, dest, mem_offset, file_offset, len);
@@ -671,12 +675,21 @@ impl<B: Backend> CompatEngine<B> {
         job: &Job<'_, I, B::Dest>,
         lane: Option<B::Lane>,
     ) -> (Option<B::Lane>, Result<Tally>) {
-        let mut lane = match self.backend.enter_thread().and_then(|()| match lane {
+        // Left (the thread's own context back) when the worker returns, its lane finished.
+        let _entered = match self.backend.enter_thread() {
+            Ok(e) => e,
+            Err(e) => {
+                job.failed.store(true, Ordering::Relaxed);
+                return (lane, Err(e));
+            }
+        };
+        let lane = match lane {
             Some(l) => Ok(l),
             None => self
                 .backend
                 .lane(self.settings.buffers(), self.settings.task_size as usize),
-        }) {
+        };
+        let mut lane = match lane {
             Ok(l) => l,
             Err(e) => {
                 job.failed.store(true, Ordering::Relaxed);

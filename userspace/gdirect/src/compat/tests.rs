@@ -481,3 +481,72 @@ fn process_counters_add_up() {
     assert!(after.bytes - before.bytes >= 1 << 20);
     assert!(after.buffered_bytes - before.buffered_bytes >= 1 << 20);
 }
+
+/// The CUDA context current on the calling thread (null for none).
+#[cfg(feature = "cuda")]
+fn current_context() -> cudarc::driver::sys::CUcontext {
+    let mut c = std::ptr::null_mut();
+    // SAFETY: `c` receives the current context.
+    let r = unsafe { cudarc::driver::sys::cuCtxGetCurrent(&mut c) };
+    assert_eq!(r, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+    c
+}
+
+/// A read into GPU memory leaves the caller's thread with the context it had: none, or another
+/// one the caller made current. Run on a GPU machine:
+/// `cargo test -p gdirect --features cuda -- --ignored callers_context`.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_gpu_read_leaves_the_callers_context_as_it_was() {
+    use cudarc::driver::{sys, CudaContext};
+    let f = TempFile::new("ctx", 8 << 20, 7);
+    let src = Source::open(&f.path).expect("source");
+    let ctx = CudaContext::new(0).expect("CUDA context");
+    let stream = ctx.default_stream();
+    let mut mem = stream.alloc_zeros::<u8>(f.data.len()).expect("GPU memory");
+    let e = CompatEngine::builder()
+        .threads(4)
+        .task_size(1 << 20)
+        .build(CudaBackend::from_context(ctx.clone()))
+        .expect("engine");
+    let check = |mem: &cudarc::driver::CudaSlice<u8>| {
+        let back = stream.clone_dtoh(mem).expect("copy back");
+        assert!(back == f.data, "the GPU holds the file's bytes");
+    };
+    // A thread with no context current: none after the read.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            assert!(current_context().is_null());
+            let r = e
+                .read(&src, &mut mem, 0, 0, f.data.len() as u64)
+                .expect("read");
+            assert_eq!(r.bytes, f.data.len() as u64);
+            assert!(
+                current_context().is_null(),
+                "the engine left its context bound"
+            );
+        });
+    });
+    check(&mem);
+    // A thread with another context of its own current: that one after the read.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut own = std::ptr::null_mut();
+            // SAFETY: a new context of device 0, made current on this thread; destroyed below.
+            let r = unsafe { sys::cuCtxCreate_v4(&mut own, std::ptr::null_mut(), 0, 0) };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+            assert_eq!(current_context(), own);
+            e.read(&src, &mut mem, 0, 0, f.data.len() as u64)
+                .expect("read");
+            assert_eq!(
+                current_context(),
+                own,
+                "the engine replaced the caller's context"
+            );
+            // SAFETY: the context created above, current on this thread only.
+            unsafe { sys::cuCtxDestroy_v2(own) };
+        });
+    });
+    check(&mem);
+}
