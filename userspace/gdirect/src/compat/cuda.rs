@@ -225,7 +225,10 @@ pub struct CudaLane {
 // the context current; every use makes it current first (`enter_thread`, `Drop`).
 unsafe impl Send for CudaLane {}
 
-impl Backend for CudaBackend {
+// SAFETY: a destination views exactly the device slice it was made from; each lane owns its
+// pinned buffers and stream, copies within bounds checked by `send`, and `finish` synchronizes
+// the stream.
+unsafe impl Backend for CudaBackend {
     type Memory = CudaSlice<u8>;
     type Dest = CudaDest;
     type Lane = CudaLane;
@@ -345,7 +348,8 @@ impl CudaLane {
     }
 }
 
-impl Lane for CudaLane {
+// SAFETY: see the `Backend` implementation.
+unsafe impl Lane for CudaLane {
     type Dest = CudaDest;
 
     fn buffer(&mut self, i: usize, len: usize) -> Result<&mut [u8]> {

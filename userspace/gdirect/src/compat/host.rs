@@ -78,7 +78,9 @@ pub struct HostLane {
     capacity: usize,
 }
 
-impl Backend for HostBackend {
+// SAFETY: a destination views exactly the slice it was made from; each lane owns its aligned
+// buffers and copies synchronously, within bounds checked by `send`.
+unsafe impl Backend for HostBackend {
     type Memory = [u8];
     type Dest = HostDest;
     type Lane = HostLane;
@@ -107,7 +109,8 @@ impl Backend for HostBackend {
     }
 }
 
-impl Lane for HostLane {
+// SAFETY: see the `Backend` implementation.
+unsafe impl Lane for HostLane {
     type Dest = HostDest;
 
     fn buffer(&mut self, i: usize, len: usize) -> Result<&mut [u8]> {

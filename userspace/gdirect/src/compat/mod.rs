@@ -36,8 +36,8 @@ use std::{
 };
 
 #[cfg(feature = "cuda")]
-pub use cuda::{driver_present, CudaBackend, CudaDest, CudaLane};
-pub use host::{HostBackend, HostDest, HostLane};
+pub use cuda::{driver_present, CudaBackend};
+pub use host::HostBackend;
 pub use source::Source;
 
 use crate::error::{Errno, Error, Result};
@@ -52,7 +52,21 @@ const DIRECT_ALIGN: u64 = 4096;
 const MAP_CHUNK: u64 = 32 << 20;
 
 /// What the engine copies into: host memory, or a GPU's.
-pub trait Backend: Send + Sync {
+///
+/// # Safety
+///
+/// The engine's `unsafe` code relies on an implementation: [`Backend::dest`] returns a view of
+/// exactly [`Backend::dest_len`] bytes of the memory, usable from any thread for as long as the
+/// memory lives; a lane's [`Lane::buffer`] returns memory of at least the length asked that
+/// only that lane writes, and its copies write only `off..off + len` of their destination;
+/// [`Lane::finish`] returns only once every copy started on the lane is done. So implementing
+/// it is `unsafe` (this does not compile):
+///
+/// ```compile_fail,E0200
+/// struct Mine;
+/// impl gdirect::compat::Backend for Mine {}
+/// ```
+pub unsafe trait Backend: Send + Sync {
     /// The memory a read fills.
     type Memory: ?Sized;
     /// A raw view of that memory for the workers, valid for one read.
@@ -101,7 +115,11 @@ pub trait Backend: Send + Sync {
 }
 
 /// A worker's staging buffers and copy queue.
-pub trait Lane {
+///
+/// # Safety
+///
+/// See [`Backend`]: an implementation keeps the promises made there for lanes.
+pub unsafe trait Lane {
     /// See [`Backend::Dest`].
     type Dest;
     /// Staging buffer `i`, at least `len` bytes and 4 KiB aligned, once copies out of it are
