@@ -527,6 +527,10 @@ struct Job<'a, I: Input, D> {
     file_base: u64,
     plan: Plan,
     mode: PageCache,
+    /// Direct reads are possible: the file takes them, at an alignment that divides the task.
+    direct: bool,
+    /// Their alignment.
+    align: u64,
     mapped: Option<Arc<MappedFile>>,
     next: AtomicUsize,
     failed: AtomicBool,
@@ -590,7 +594,8 @@ impl<B: Backend> CompatEngine<B> {
                 size: dest_len,
             });
         }
-        let size = src.id().size();
+        // The size now, not when the file was opened: it may have grown (or shrunk) since.
+        let size = src.current_size().unwrap_or_else(|_| src.id().size());
         let want = len.min(size.saturating_sub(file_offset));
         let mut report = Report {
             eof: want < len,
@@ -598,7 +603,10 @@ impl<B: Backend> CompatEngine<B> {
         };
         let s = &self.settings;
         let piece = Plan::piece_size(want, s.threads, s.task_size, s.max_piece);
-        let plan = Plan::new(file_offset, want, DIRECT_ALIGN, s.task_size, piece);
+        let align = src.direct_align();
+        let direct = src.direct_io() && s.task_size % align == 0;
+        let align = if direct { align } else { DIRECT_ALIGN };
+        let plan = Plan::new(file_offset, want, align, s.task_size, piece);
         let workers = s.threads.min(plan.pieces());
         if workers == 0 {
             return Ok(report);
@@ -620,6 +628,8 @@ impl<B: Backend> CompatEngine<B> {
             file_base: file_offset,
             plan,
             mode: if auto { PageCache::Auto } else { mode },
+            direct,
+            align,
             mapped,
             next: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
@@ -755,7 +765,7 @@ impl<B: Backend> CompatEngine<B> {
                 PageCache::Auto if job.src.resident(task.want.clone()) => How::Buffered,
                 PageCache::Auto => How::Direct,
             };
-            let how = if job.src.direct_io() {
+            let how = if job.direct && job.src.direct_io() {
                 how
             } else {
                 How::Buffered
@@ -768,7 +778,7 @@ impl<B: Backend> CompatEngine<B> {
             *slot = (*slot + 1) % buffers;
             let buf = lane.buffer(b, (range.end - range.start) as usize)?;
             let t0 = self.settings.latencies.then(Instant::now);
-            let got = read_full(job.src, buf, range.start, how)?;
+            let (got, how) = read_full(job.src, buf, range.start, how, job.align)?;
             if let Some(t0) = t0 {
                 tally.latencies.push(t0.elapsed().as_nanos() as u64);
             }
@@ -808,6 +818,10 @@ impl<B: Backend> CompatEngine<B> {
         piece: Range<u64>,
     ) -> Result<bool> {
         let size = mf.id.size();
+        if piece.end > size {
+            // The file grew since it was mapped: the new bytes are read another way.
+            return Ok(false);
+        }
         let first = piece.start / MAP_CHUNK;
         let last = (piece.end - 1) / MAP_CHUNK;
         for c in first..=last {
@@ -860,6 +874,17 @@ impl<B: Backend> CompatEngine<B> {
             let m = maps.remove(i);
             maps.push(m.clone());
             return m;
+        }
+        // Entries of the same file as it was before a change (size, times) show stale pages:
+        // released now, unless a read still uses one (then the trim gets it later).
+        let mut i = 0;
+        while i < maps.len() {
+            if maps[i].id.same_file(&id) && Arc::strong_count(&maps[i]) == 1 {
+                let stale = maps.remove(i);
+                self.release(&stale);
+            } else {
+                i += 1;
+            }
         }
         let chunks = (0..id.size().div_ceil(MAP_CHUNK))
             .map(|_| Mutex::new(Chunk::Unregistered))
@@ -915,20 +940,37 @@ impl<B: Backend> Drop for CompatEngine<B> {
     }
 }
 
-/// Reads into all of `buf` from `off`, retrying short reads, until the file ends. A direct
-/// read that returns a partial block has met the end of the file.
-fn read_full<I: Input>(src: &I, buf: &mut [u8], off: u64, how: How) -> Result<usize> {
+/// Reads into all of `buf` from `off`, retrying short reads, until the file ends; returns the
+/// bytes read and how the last of them were read. A direct read that ends inside an `align`
+/// block has met the end of the file, if the file's size says so; otherwise the rest is read
+/// through the page cache (a direct read cannot start there). A direct read refused with
+/// `EINVAL` (an alignment or a file system the open did not reveal) is retried through the page
+/// cache, and the file's later reads go that way too.
+fn read_full<I: Input>(
+    src: &I,
+    buf: &mut [u8],
+    off: u64,
+    mut how: How,
+    align: u64,
+) -> Result<(usize, How)> {
     let mut done = 0;
     while done < buf.len() {
         match src.read_at(&mut buf[done..], off + done as u64, how) {
             Ok(0) => break,
             Ok(n) => {
                 done += n;
-                if how == How::Direct && done as u64 % DIRECT_ALIGN != 0 {
-                    break;
+                if how == How::Direct && done as u64 % align != 0 {
+                    match src.current_size() {
+                        Ok(size) if size > off + done as u64 => how = How::Buffered,
+                        _ => break,
+                    }
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if how == How::Direct && e.raw_os_error() == Some(nix::libc::EINVAL) => {
+                src.direct_failed();
+                how = How::Buffered;
+            }
             Err(e) => {
                 return Err(Error::FileIo {
                     path: src.path().to_path_buf(),
@@ -938,7 +980,7 @@ fn read_full<I: Input>(src: &I, buf: &mut [u8], off: u64, how: How) -> Result<us
             }
         }
     }
-    Ok(done)
+    Ok((done, how))
 }
 
 #[cfg(test)]

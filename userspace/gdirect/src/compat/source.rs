@@ -12,11 +12,15 @@ use std::{
     },
     path::{Path, PathBuf},
     ptr::NonNull,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
 };
 
 use nix::libc;
 
+use super::DIRECT_ALIGN;
 use crate::error::{Errno, Error, Result};
 
 /// The page size of the machine.
@@ -122,6 +126,10 @@ pub struct Source {
     path: PathBuf,
     buffered: std::fs::File,
     direct: Option<std::fs::File>,
+    /// See [`Input::direct_align`].
+    direct_align: u64,
+    /// See [`Input::direct_failed`].
+    direct_failed: AtomicBool,
     id: FileId,
     map: Option<Arc<Mapping>>,
 }
@@ -141,17 +149,37 @@ impl Source {
         unsafe { libc::posix_fadvise(buffered.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
         // Some file systems (tmpfs, overlay on some kernels) refuse O_DIRECT: every read of
         // them goes through the page cache.
-        let direct = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&path)
-            .ok();
+        // The file's own direct-I/O alignment (`STATX_DIOALIGN`) where the kernel reports it:
+        // none means the file takes no direct I/O; one the staging buffers (4 KiB aligned)
+        // cannot meet leaves it to the page cache too. Offsets and lengths are aligned to at
+        // least 4 KiB, which serves every smaller block size.
+        let (dio_ok, direct_align) = match dio_align(&buffered) {
+            Some((0, _)) => (false, DIRECT_ALIGN),
+            Some((offset, mem)) => (
+                offset.is_power_of_two()
+                    && offset <= MAX_DIRECT_ALIGN
+                    && u64::from(mem) <= DIRECT_ALIGN,
+                u64::from(offset).max(DIRECT_ALIGN),
+            ),
+            None => (true, DIRECT_ALIGN),
+        };
+        let direct = dio_ok
+            .then(|| {
+                OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(&path)
+                    .ok()
+            })
+            .flatten();
         let id = file_id(&buffered).map_err(open_err)?;
         let map = Mapping::new(&buffered, id.size).map(Arc::new);
         Ok(Self {
             path,
             buffered,
             direct,
+            direct_align,
+            direct_failed: AtomicBool::new(false),
             id,
             map,
         })
@@ -201,6 +229,28 @@ impl Source {
     }
 }
 
+/// The largest direct-I/O alignment the engine plans with (it must divide the task size).
+const MAX_DIRECT_ALIGN: u32 = 64 << 10;
+
+/// `STATX_DIOALIGN`: the file's direct-I/O offset and memory alignments, `(0, 0)` when it takes
+/// no direct I/O; `None` when the kernel does not say (before Linux 6.1, or an old file system).
+fn dio_align(f: &std::fs::File) -> Option<(u32, u32)> {
+    // SAFETY: an all-zero `statx` is a valid value for the kernel to fill.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: our descriptor with an empty path and AT_EMPTY_PATH; `stx` is writable.
+    let r = unsafe {
+        libc::statx(
+            f.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    (r == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0)
+        .then_some((stx.stx_dio_offset_align, stx.stx_dio_mem_align))
+}
+
 fn file_id(f: &std::fs::File) -> io::Result<FileId> {
     let m = f.metadata()?;
     let size = if m.file_type().is_file() {
@@ -234,6 +284,12 @@ pub(crate) trait Input: Sync {
     fn path(&self) -> &Path;
     fn id(&self) -> FileId;
     fn direct_io(&self) -> bool;
+    /// The alignment of direct reads' offsets and lengths (a power of two, at least 4 KiB).
+    fn direct_align(&self) -> u64;
+    /// Direct reads turned out to fail (`EINVAL`): the rest go through the page cache.
+    fn direct_failed(&self);
+    /// The file's size now.
+    fn current_size(&self) -> io::Result<u64>;
     fn read_at(&self, buf: &mut [u8], off: u64, how: How) -> io::Result<usize>;
     fn resident(&self, range: Range<u64>) -> bool;
     fn mapping(&self) -> Option<&Arc<Mapping>>;
@@ -247,7 +303,16 @@ impl Input for Source {
         self.id
     }
     fn direct_io(&self) -> bool {
-        self.direct.is_some()
+        self.direct.is_some() && !self.direct_failed.load(Ordering::Relaxed)
+    }
+    fn direct_align(&self) -> u64 {
+        self.direct_align
+    }
+    fn direct_failed(&self) {
+        self.direct_failed.store(true, Ordering::Relaxed);
+    }
+    fn current_size(&self) -> io::Result<u64> {
+        file_id(&self.buffered).map(|id| id.size)
     }
     fn read_at(&self, buf: &mut [u8], off: u64, how: How) -> io::Result<usize> {
         match (how, &self.direct) {
@@ -267,5 +332,10 @@ impl FileId {
     /// The size the file had.
     pub(crate) fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Whether `other` is the same file, perhaps changed since (another size or times).
+    pub(crate) fn same_file(&self, other: &FileId) -> bool {
+        (self.dev, self.ino) == (other.dev, other.ino)
     }
 }

@@ -223,12 +223,17 @@ fn a_destination_too_small_is_refused_before_any_io() {
 }
 
 /// A [`Source`] with faults: reads return at most `short` bytes (a multiple of 4 KiB for
-/// direct reads, as the kernel does), fail at `fail_at`, or find the file ending at `end`.
+/// direct reads, as the kernel does), fail at `fail_at`, or find the file ending at `end`; the
+/// first direct read over `cut` stops there (inside a block, though the file goes on); direct
+/// reads fail with `EINVAL` when `einval`.
 struct Faulty<'a> {
     src: &'a Source,
     short: usize,
     fail_at: Option<u64>,
     end: Option<u64>,
+    cut: Mutex<Option<u64>>,
+    einval: bool,
+    direct_failed: AtomicBool,
     reads: AtomicU64,
 }
 
@@ -239,6 +244,9 @@ impl Faulty<'_> {
             short: usize::MAX,
             fail_at: None,
             end: None,
+            cut: Mutex::new(None),
+            einval: false,
+            direct_failed: AtomicBool::new(false),
             reads: AtomicU64::new(0),
         }
     }
@@ -252,10 +260,31 @@ impl Input for Faulty<'_> {
         self.src.id()
     }
     fn direct_io(&self) -> bool {
-        true
+        !self.direct_failed.load(Ordering::Relaxed)
+    }
+    fn direct_align(&self) -> u64 {
+        4096
+    }
+    fn direct_failed(&self) {
+        self.direct_failed.store(true, Ordering::Relaxed);
+    }
+    fn current_size(&self) -> io::Result<u64> {
+        let size = self.src.current_size()?;
+        Ok(self.end.map_or(size, |e| size.min(e)))
     }
     fn read_at(&self, buf: &mut [u8], off: u64, how: How) -> io::Result<usize> {
         self.reads.fetch_add(1, Ordering::Relaxed);
+        if self.einval && how == How::Direct {
+            return Err(io::Error::from_raw_os_error(nix::libc::EINVAL));
+        }
+        if how == How::Direct {
+            let mut cut = self.cut.lock().expect("cut");
+            if let Some(c) = cut.filter(|&c| (off..off + buf.len() as u64).contains(&c)) {
+                *cut = None;
+                self.src.read_at(buf, off, how)?;
+                return Ok((c - off) as usize);
+            }
+        }
         if self
             .fail_at
             .is_some_and(|f| (off..off + buf.len() as u64).contains(&f))
@@ -549,4 +578,104 @@ fn a_gpu_read_leaves_the_callers_context_as_it_was() {
         });
     });
     check(&mem);
+}
+
+#[test]
+fn a_direct_read_cut_inside_a_block_is_not_the_end_when_the_file_goes_on() {
+    let f = TempFile::new("cut", 4 << 20, 12);
+    let src = Source::open(&f.path).expect("open");
+    for threads in [1, 4] {
+        let e = engine(threads, 256 << 10, PageCache::Direct);
+        let input = Faulty::new(&src);
+        *input.cut.lock().expect("cut") = Some((1 << 20) + 1000);
+        let mut mem = vec![0u8; 4 << 20];
+        let r = faulty_read(&e, &input, &mut mem, 0, 4 << 20).expect("read");
+        assert_eq!((r.bytes, r.eof), (4 << 20, false), "threads {threads}");
+        assert!(mem == f.data, "every byte, threads {threads}");
+        assert!(input.cut.lock().expect("cut").is_none(), "the cut happened");
+        assert!(
+            r.buffered_bytes > 0,
+            "the rest of the cut task went through the page cache"
+        );
+    }
+}
+
+#[test]
+fn direct_reads_refused_with_einval_go_through_the_page_cache() {
+    let f = TempFile::new("einval", 3 << 20, 13);
+    let src = Source::open(&f.path).expect("open");
+    let e = engine(3, 256 << 10, PageCache::Direct);
+    let mut input = Faulty::new(&src);
+    input.einval = true;
+    let mut mem = vec![0u8; 3 << 20];
+    let r = faulty_read(&e, &input, &mut mem, 0, 3 << 20).expect("read");
+    assert_eq!(
+        (r.bytes, r.direct_bytes, r.buffered_bytes),
+        (3 << 20, 0, 3 << 20)
+    );
+    assert!(mem == f.data);
+    assert!(!input.direct_io(), "later reads skip direct I/O");
+}
+
+#[test]
+fn a_file_that_grew_since_it_was_opened_is_read_to_its_new_end() {
+    for mode in [
+        PageCache::Direct,
+        PageCache::Buffered,
+        PageCache::Mapped,
+        PageCache::Auto,
+    ] {
+        let f = TempFile::new("grow", 2 << 20, 14);
+        let src = Source::open(&f.path).expect("open");
+        let more: Vec<u8> = (0..(1 << 20) + 5000)
+            .map(|i: u32| (i * 7 + 3) as u8)
+            .collect();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&f.path)
+            .and_then(|mut w| w.write_all(&more))
+            .expect("append");
+        let e = engine(4, 256 << 10, mode);
+        let len = (f.data.len() + more.len()) as u64;
+        let mut mem = vec![0u8; len as usize + 4096];
+        let r = e.read(&src, &mut mem[..], 0, 0, len + 4096).expect("read");
+        assert_eq!((r.bytes, r.eof), (len, true), "{mode:?}");
+        assert!(mem[..f.data.len()] == f.data[..], "{mode:?}");
+        assert!(
+            mem[f.data.len()..len as usize] == more[..],
+            "{mode:?}: the new bytes"
+        );
+    }
+}
+
+#[test]
+fn a_changed_file_leaves_no_stale_mapping_in_the_cache() {
+    let f = TempFile::new("stale", 3 << 20, 15);
+    let e = CompatEngine::builder()
+        .threads(2)
+        .task_size(1 << 20)
+        .page_cache(PageCache::Mapped)
+        .keep_mapped(1 << 30)
+        .build_host()
+        .expect("engine");
+    let src = Source::open(&f.path).expect("open");
+    check_read(&e, &f, &src, 0, 3 << 20);
+    assert_eq!(e.kept_mapped(), 3 << 20);
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&f.path)
+        .and_then(|mut w| w.write_all(&[1u8; 4096]))
+        .expect("append");
+    let changed = Source::open(&f.path).expect("open again");
+    let mut mem = vec![0u8; (3 << 20) + 4096];
+    let r = e
+        .read(&changed, &mut mem[..], 0, 0, (3 << 20) + 4096)
+        .expect("read");
+    assert_eq!(r.bytes, (3 << 20) + 4096);
+    assert!(mem[..3 << 20] == f.data[..] && mem[3 << 20..].iter().all(|&b| b == 1));
+    assert_eq!(
+        e.kept_mapped(),
+        (3 << 20) + 4096,
+        "the old file's mapping was released"
+    );
 }
