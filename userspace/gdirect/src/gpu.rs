@@ -38,16 +38,26 @@ pub struct GpuReader {
     module: std::result::Result<Driver, CompatReason>,
 }
 
+/// Why the module cannot serve, from the error opening or asking it.
+fn compat_reason_of(e: &Error) -> CompatReason {
+    match e {
+        Error::ModuleNotLoaded { .. } => CompatReason::NoModule,
+        Error::PermissionDenied { .. } => CompatReason::NoAccess,
+        Error::VersionMismatch { .. } | Error::NotGdirect { .. } => CompatReason::Incompatible,
+        e => CompatReason::Unavailable(e.errno().unwrap_or(Errno::EIO)),
+    }
+}
+
 impl GpuReader {
     /// A reader that uses the module when it is loaded with the `nvidia` provider, and
     /// `engine` otherwise.
     pub fn new(engine: CompatEngine<CudaBackend>) -> Self {
         let module = match Driver::open() {
-            Err(_) => Err(CompatReason::NoModule),
+            Err(e) => Err(compat_reason_of(&e)),
             Ok(d) => match d.info() {
                 Ok(info) if info.has_provider(Provider::Nvidia) => Ok(d),
                 Ok(_) => Err(CompatReason::NoProvider),
-                Err(_) => Err(CompatReason::NoModule),
+                Err(e) => Err(compat_reason_of(&e)),
             },
         };
         Self { engine, module }
@@ -150,5 +160,38 @@ fn read_module(
             Ok(Err(Fallback(CompatReason::Unaligned)))
         }
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fallback_names_why_the_module_cannot_serve() {
+        let gone = Driver::open_path("/nonexistent/gdirect").map(|_| ());
+        assert_eq!(
+            gone.as_ref().map_err(compat_reason_of),
+            Err(CompatReason::NoModule)
+        );
+        // Another driver's device answers GET_INFO with ENOTTY: not gdirect.
+        let other = Driver::open_path("/dev/null").map(|_| ());
+        assert_eq!(
+            other.as_ref().map_err(compat_reason_of),
+            Err(CompatReason::Incompatible)
+        );
+        let denied = Error::PermissionDenied {
+            path: "/dev/gdirect".into(),
+        };
+        assert_eq!(compat_reason_of(&denied), CompatReason::NoAccess);
+        let newer = Error::VersionMismatch {
+            path: "/dev/gdirect".into(),
+            module: 2,
+            library: 1,
+        };
+        assert_eq!(compat_reason_of(&newer), CompatReason::Incompatible);
+        for r in [CompatReason::NoAccess, CompatReason::Incompatible] {
+            assert!(!Engine::Compat(r).explain().contains("not loaded"), "{r:?}");
+        }
     }
 }

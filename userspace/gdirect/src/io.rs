@@ -240,9 +240,18 @@ pub enum Engine {
 
 /// Why a transfer went through the compat engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CompatReason {
-    /// The gdirect module is not loaded (or its device cannot be opened).
+    /// The gdirect module is not loaded: no `/dev/gdirect`, or no driver behind it.
     NoModule,
+    /// The module is loaded but this process may not open its device (its mode and group:
+    /// see the README's permissions).
+    NoAccess,
+    /// The module speaks another ABI version than this library (or the device is not
+    /// gdirect's): a module and library from different releases.
+    Incompatible,
+    /// Opening or asking the module failed otherwise (the errno says how).
+    Unavailable(Errno),
     /// The module is loaded but its `nvidia` provider is not available (no NVIDIA driver
     /// exporting nv-p2p).
     NoProvider,
@@ -271,6 +280,20 @@ impl Engine {
             Self::Compat(CompatReason::NoModule) => {
                 "the gdirect module is not loaded: the library's compat engine read the file".into()
             }
+            Self::Compat(CompatReason::NoAccess) => {
+                "the gdirect module is loaded but this process may not open its device (mode and \
+                 group of /dev/gdirect): the library's compat engine read the file"
+                    .into()
+            }
+            Self::Compat(CompatReason::Incompatible) => {
+                "the gdirect module speaks another ABI version than this library (a module and a \
+                 library of different releases): the library's compat engine read the file"
+                    .into()
+            }
+            Self::Compat(CompatReason::Unavailable(e)) => format!(
+                "the gdirect module could not be used ({e}): the library's compat engine read the \
+                 file"
+            ),
             Self::Compat(CompatReason::NoProvider) => {
                 "the module has no nvidia provider (no NVIDIA \
                  driver exports nv-p2p): the library's compat engine read the file"
