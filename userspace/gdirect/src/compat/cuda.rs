@@ -73,6 +73,72 @@ impl Drop for Entered {
     }
 }
 
+/// Where a CUDA device pointer points: the device, and the allocation holding it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceAllocation {
+    /// The CUDA device ordinal.
+    pub ordinal: usize,
+    /// The allocation's first address.
+    pub start: u64,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+impl DeviceAllocation {
+    /// The allocation of device memory that holds `ptr`, as the driver knows it
+    /// (`cuPointerGetAttribute`): an error for host memory, or an address no allocation holds.
+    pub fn of(ptr: u64) -> Result<Self> {
+        if !driver_present() {
+            return Err(Error::Cuda {
+                what: "loading the driver library",
+                error: "libcuda.so was not found: is the NVIDIA driver installed?".into(),
+            });
+        }
+        cudarc::driver::result::init().map_err(|e| cuda_err("initialisation", e))?;
+        let attr = |a: sys::CUpointer_attribute, out: *mut c_void| {
+            // SAFETY: `out` points to a value of the attribute's type (an unsigned int for the
+            // memory type, an int for the ordinal, a device pointer for the start, a size_t).
+            cuda("pointer query", unsafe {
+                sys::cuPointerGetAttribute(out, a, ptr)
+            })
+        };
+        let mut mem_type: u32 = 0;
+        attr(
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            (&raw mut mem_type).cast(),
+        )?;
+        if mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+            return Err(Error::Cuda {
+                what: "pointer query",
+                error: format!("{ptr:#x} is not device memory (memory type {mem_type})"),
+            });
+        }
+        let mut ordinal: i32 = -1;
+        attr(
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            (&raw mut ordinal).cast(),
+        )?;
+        let mut start: CUdeviceptr = 0;
+        attr(
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            (&raw mut start).cast(),
+        )?;
+        let mut size: usize = 0;
+        attr(
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+            (&raw mut size).cast(),
+        )?;
+        Ok(Self {
+            ordinal: usize::try_from(ordinal).map_err(|_| Error::Cuda {
+                what: "pointer query",
+                error: format!("{ptr:#x} has no device ordinal"),
+            })?,
+            start,
+            size: size as u64,
+        })
+    }
+}
+
 /// Whether the CUDA driver library can be loaded (cudarc panics on first use when it cannot).
 pub fn driver_present() -> bool {
     static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -127,6 +193,12 @@ impl CudaBackend {
         self
     }
 
+    /// Waits for all work queued on the context (its current thread must have it current).
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        // SAFETY: no arguments; the caller made the context current.
+        cuda("context synchronize", unsafe { sys::cuCtxSynchronize() })
+    }
+
     /// The context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
@@ -138,6 +210,13 @@ impl CudaBackend {
 pub struct CudaDest {
     ptr: CUdeviceptr,
     len: u64,
+}
+
+impl CudaDest {
+    /// `len` bytes at device pointer `ptr` (whose validity the caller of the read vouches for).
+    pub(crate) fn from_raw(ptr: u64, len: u64) -> Self {
+        Self { ptr, len }
+    }
 }
 
 /// A pinned host buffer: `cuMemHostAlloc`, or an anonymous mapping in huge pages registered

@@ -61,6 +61,16 @@ pub struct HostDest {
     len: u64,
 }
 
+impl HostDest {
+    /// `len` bytes at `ptr` (whose validity the caller of the read vouches for).
+    pub(crate) fn from_raw(ptr: *mut u8, len: u64) -> Self {
+        Self {
+            ptr: NonNull::new(ptr).unwrap_or(NonNull::dangling()),
+            len,
+        }
+    }
+}
+
 // SAFETY: the engine writes disjoint ranges of the destination from its workers while the
 // caller's `&mut [u8]` is borrowed by the read, so no other access exists.
 unsafe impl Send for HostDest {}

@@ -36,7 +36,7 @@ use std::{
 };
 
 #[cfg(feature = "cuda")]
-pub use cuda::{driver_present, CudaBackend};
+pub use cuda::{driver_present, CudaBackend, DeviceAllocation};
 pub use host::HostBackend;
 pub use source::Source;
 
@@ -196,7 +196,8 @@ impl PageCache {
         }
     }
 
-    fn parse(s: &str) -> Option<Self> {
+    /// The policy named `s` (as in `GDIRECT_PAGE_CACHE`), if any.
+    pub fn parse(s: &str) -> Option<Self> {
         [Self::Auto, Self::Direct, Self::Buffered, Self::Mapped]
             .into_iter()
             .find(|p| p.name() == s)
@@ -546,6 +547,60 @@ impl CompatEngine<HostBackend> {
             env: Settings::from_env().map_err(|e| e.to_string()),
             overrides: Vec::new(),
         }
+    }
+}
+
+impl CompatEngine<HostBackend> {
+    /// [`CompatEngine::read`] into `len` bytes of host memory at `ptr`, for memory no Rust
+    /// reference may cover (a buffer other threads of another language can touch meanwhile):
+    /// the engine writes it only through raw copies.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + len` is writable memory of this process that stays allocated until the call
+    /// returns, and no Rust reference points into it meanwhile.
+    pub unsafe fn read_host_ptr(
+        &self,
+        src: &Source,
+        ptr: *mut u8,
+        len: u64,
+        mem_offset: u64,
+        file_offset: u64,
+        n: u64,
+    ) -> Result<Report> {
+        let dest = host::HostDest::from_raw(ptr, len);
+        let r = self.read_input(src, dest, mem_offset, file_offset, n);
+        count(&r);
+        r
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl CompatEngine<CudaBackend> {
+    /// [`CompatEngine::read`] into `len` bytes of device memory at `ptr` (a CUDA device
+    /// pointer of the backend's context), for memory another library allocated (a PyTorch
+    /// tensor, a CuPy array). Work queued on the device before the call (the memory's
+    /// initialisation, a kernel still reading it) is waited for first.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + len` is device memory of the backend's context that stays allocated, and
+    /// that nothing else reads or writes, until the call returns.
+    pub unsafe fn read_device_ptr(
+        &self,
+        src: &Source,
+        ptr: u64,
+        len: u64,
+        mem_offset: u64,
+        file_offset: u64,
+        n: u64,
+    ) -> Result<Report> {
+        let _entered = self.backend.enter_thread()?;
+        self.backend.synchronize()?;
+        let dest = cuda::CudaDest::from_raw(ptr, len);
+        let r = self.read_input(src, dest, mem_offset, file_offset, n);
+        count(&r);
+        r
     }
 }
 

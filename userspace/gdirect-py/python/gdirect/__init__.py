@@ -1,0 +1,213 @@
+# SPDX-License-Identifier: GPL-2.0 OR MIT
+"""gdirect: read files into GPU (and host) memory at the speed of the hardware.
+
+>>> import gdirect, torch
+>>> t = torch.empty(1 << 20, dtype=torch.uint8, device="cuda:0")
+>>> gdirect.File("data.bin").read(t)          # doctest: +SKIP
+Report(bytes=1048576, eof=False, engine='compat', ...)
+
+Destinations are anything that exposes ``__cuda_array_interface__`` (PyTorch CUDA tensors, CuPy
+and Numba arrays), PyTorch CPU tensors, or a writable host buffer (``bytearray``,
+``memoryview``, a NumPy array: anything with the buffer protocol). They must be contiguous.
+
+Nothing here imports torch, CuPy or NumPy: they are recognised by what they expose.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import dataclasses
+import os
+import threading
+from typing import Any, Optional
+
+from . import _native
+
+__version__ = _native.__version__
+__all__ = ["File", "Report", "configure", "settings", "safetensors"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What a read did.
+
+    ``engine`` is ``"compat"`` (the library's engine, through host memory) or ``"module"``
+    (the kernel module); ``reason`` says why the module did not move the bytes: ``no_module``,
+    ``no_access`` (``/dev/gdirect`` not openable by this process), ``incompatible`` (another
+    ABI version), ``no_provider`` (no NVIDIA driver with nv-p2p), ``unavailable``, or
+    ``module_not_used_from_python`` (this version of the package reads through the compat
+    engine only). ``memory`` is ``"host"`` or ``"cuda:N"``.
+    """
+
+    bytes: int
+    eof: bool
+    engine: str
+    reason: str
+    memory: str
+    direct_bytes: int
+    buffered_bytes: int
+    mapped_bytes: int
+    threads: int
+    seconds: float
+
+
+@dataclasses.dataclass
+class _Target:
+    kind: str  # "host" or "cuda"
+    ptr: int
+    nbytes: int
+    keep: Any  # what keeps the memory alive (and its buffer export held) for the call
+
+
+def _contiguous_nbytes(shape, strides, itemsize: int) -> int:
+    n = itemsize
+    for s in shape:
+        n *= int(s)
+    if strides is not None:
+        expect = itemsize
+        for dim, stride in zip(reversed(shape), reversed(strides)):
+            if int(dim) > 1 and int(stride) != expect:
+                raise ValueError("the destination is not C-contiguous")
+            expect *= int(dim)
+    return n
+
+
+def _target(dest: Any) -> _Target:
+    """The address and size of ``dest``'s memory, checked writable and contiguous."""
+    # A PyTorch tensor, on the GPU or the CPU: its storage, by address. (Asked first: a tensor
+    # that requires grad raises on __cuda_array_interface__, and a CPU one has no buffer.)
+    if all(hasattr(dest, a) for a in ("data_ptr", "element_size", "is_contiguous", "numel", "is_cuda")):
+        if getattr(dest, "requires_grad", False):
+            raise ValueError("the destination tensor requires grad: pass tensor.detach()")
+        if not dest.is_contiguous():
+            raise ValueError("the destination tensor is not contiguous")
+        kind = "cuda" if dest.is_cuda else "host"
+        return _Target(kind, int(dest.data_ptr()), dest.numel() * dest.element_size(), dest)
+    cai = getattr(dest, "__cuda_array_interface__", None)
+    if cai is not None:
+        ptr, readonly = cai["data"]
+        if readonly:
+            raise ValueError("the destination CUDA array is read-only")
+        typestr = cai["typestr"]
+        nbytes = _contiguous_nbytes(cai["shape"], cai.get("strides"), int(typestr[2:]))
+        return _Target("cuda", int(ptr), nbytes, dest)
+    try:
+        view = memoryview(dest)
+    except TypeError:
+        raise TypeError(
+            f"cannot read into a {type(dest).__name__}: expected an object with "
+            "__cuda_array_interface__, a tensor, or a writable buffer"
+        ) from None
+    if view.readonly:
+        raise ValueError(f"the destination {type(dest).__name__} is read-only")
+    if not view.c_contiguous:
+        raise ValueError("the destination buffer is not C-contiguous")
+    view = view.cast("B") if view.nbytes else view
+    if view.nbytes == 0:
+        return _Target("host", 0, 0, view)
+    arr = (ctypes.c_char * view.nbytes).from_buffer(view)
+    return _Target("host", ctypes.addressof(arr), view.nbytes, (view, arr))
+
+
+def _index(name: str, value: Any) -> int:
+    try:
+        v = value.__index__()
+    except AttributeError:
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__}") from None
+    if v < 0:
+        raise ValueError(f"{name} must not be negative (got {v})")
+    return v
+
+
+class File:
+    """A file opened for reading; keep it and read from it many times.
+
+    ``File(path)`` raises ``FileNotFoundError``, ``PermissionError`` or another ``OSError``
+    with the errno when it cannot be opened.
+    """
+
+    _pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+    _pool_lock = threading.Lock()
+
+    def __init__(self, path: "os.PathLike[str] | str"):
+        self._f = _native.File(os.fspath(path))
+
+    @property
+    def path(self) -> str:
+        return str(self._f.path)
+
+    @property
+    def size(self) -> int:
+        """The file's size now (a block device's capacity)."""
+        return self._f.size
+
+    def read(
+        self,
+        dest: Any,
+        file_offset: int = 0,
+        dest_offset: int = 0,
+        size: Optional[int] = None,
+    ) -> Report:
+        """Reads ``size`` bytes (default: to the end of ``dest``) at ``file_offset`` into
+        ``dest`` at byte ``dest_offset``. A read past the end of the file is short: the report's
+        ``bytes`` and ``eof`` say so, and the rest of ``dest`` is left as it was.
+        """
+        t = _target(dest)
+        file_offset = _index("file_offset", file_offset)
+        dest_offset = _index("dest_offset", dest_offset)
+        if dest_offset > t.nbytes:
+            raise ValueError(f"dest_offset {dest_offset} is past the destination's {t.nbytes} bytes")
+        size = t.nbytes - dest_offset if size is None else _index("size", size)
+        if dest_offset + size > t.nbytes:
+            raise ValueError(
+                f"{size} bytes at offset {dest_offset} do not fit in the destination's "
+                f"{t.nbytes} bytes"
+            )
+        if t.kind == "cuda":
+            r = self._f.read_cuda(t.ptr + dest_offset, size, file_offset)
+        else:
+            r = self._f.read_host(t.ptr + dest_offset, size, file_offset)
+        del t
+        return Report(**r)
+
+    def read_async(
+        self,
+        dest: Any,
+        file_offset: int = 0,
+        dest_offset: int = 0,
+        size: Optional[int] = None,
+    ) -> "concurrent.futures.Future[Report]":
+        """``read`` on a worker thread: a future of its report (the read releases the GIL).
+        ``dest`` must stay alive and untouched until the future is done."""
+        with File._pool_lock:
+            if File._pool is None:
+                File._pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=4, thread_name_prefix="gdirect"
+                )
+            pool = File._pool
+        return pool.submit(self.read, dest, file_offset, dest_offset, size)
+
+    def __repr__(self) -> str:
+        return f"gdirect.File({self.path!r})"
+
+
+def configure(
+    threads: Optional[int] = None,
+    task_size: Optional[int] = None,
+    page_cache: Optional[str] = None,
+) -> None:
+    """Sets the engine's settings for the reads that follow, over the environment's
+    (``GDIRECT_THREADS``, ``GDIRECT_TASK_SIZE``, ``GDIRECT_PAGE_CACHE``): worker threads, bytes
+    per I/O (a multiple of 4 KiB), and the page-cache policy (``auto``, ``direct``,
+    ``buffered``, ``mapped``). ``None`` keeps the environment's value or the default; a value
+    that cannot be used raises ``ValueError``."""
+    _native.configure(threads, task_size, page_cache)
+
+
+def settings() -> dict:
+    """The settings the next read uses."""
+    return dict(_native.settings())
+
+
+from . import safetensors  # noqa: E402  (needs File above)

@@ -1,0 +1,303 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+//! `gdirect._native`: the Rust half of the Python package. The Python half (`python/gdirect`)
+//! turns destinations (CUDA arrays, tensors, host buffers) into an address and a length, checks
+//! them, and keeps them alive for the call; this half checks device addresses against the CUDA
+//! driver's allocations, reads with the library's compat engine with the GIL released, and maps
+//! the library's errors onto Python's exceptions.
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, Mutex, MutexGuard, OnceLock},
+    time::Instant,
+};
+
+use gdirect::{
+    compat::{
+        Builder, CompatEngine, CudaBackend, DeviceAllocation, HostBackend, PageCache, Source,
+    },
+    CompatReason, Driver, Error, Provider,
+};
+use pyo3::{
+    exceptions::{PyOSError, PyRuntimeError, PyValueError},
+    prelude::*,
+    types::PyDict,
+};
+
+/// A library error as the Python exception a caller would catch: `OSError` (with its errno, so
+/// that Python picks `FileNotFoundError`, `PermissionError`, ...) for failures of the system,
+/// `ValueError` for arguments, `RuntimeError` for the CUDA driver and the engine itself.
+fn py_err(e: Error) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        Error::OutOfMemoryRange { .. } | Error::BadSetting { .. } => PyValueError::new_err(msg),
+        Error::Cuda { .. } | Error::Worker { .. } => PyRuntimeError::new_err(msg),
+        e => match e.errno() {
+            Some(errno) => PyOSError::new_err((errno as i32, msg)),
+            None => PyRuntimeError::new_err(msg),
+        },
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Settings given from Python (`gdirect.settings(...)`), over the environment's.
+#[derive(Clone, Debug, Default)]
+struct Overrides {
+    threads: Option<usize>,
+    task_size: Option<u64>,
+    page_cache: Option<PageCache>,
+}
+
+impl Overrides {
+    fn builder(&self) -> Builder {
+        let mut b = CompatEngine::builder();
+        if let Some(t) = self.threads {
+            b = b.threads(t);
+        }
+        if let Some(t) = self.task_size {
+            b = b.task_size(t).staging_size(t * 2);
+        }
+        if let Some(p) = self.page_cache {
+            b = b.page_cache(p);
+        }
+        b
+    }
+}
+
+/// The engines: one for host memory, one per CUDA device, made on first use with the settings
+/// of that moment (a change of settings drops them).
+#[derive(Default)]
+struct Engines {
+    overrides: Overrides,
+    host: Option<Arc<CompatEngine<HostBackend>>>,
+    cuda: HashMap<usize, Arc<CompatEngine<CudaBackend>>>,
+}
+
+fn engines() -> &'static Mutex<Engines> {
+    static ENGINES: OnceLock<Mutex<Engines>> = OnceLock::new();
+    ENGINES.get_or_init(Default::default)
+}
+
+fn host_engine() -> PyResult<Arc<CompatEngine<HostBackend>>> {
+    let mut e = lock(engines());
+    if let Some(h) = &e.host {
+        return Ok(h.clone());
+    }
+    let h = Arc::new(e.overrides.builder().build_host().map_err(py_err)?);
+    e.host = Some(h.clone());
+    Ok(h)
+}
+
+fn cuda_engine(ordinal: usize) -> PyResult<Arc<CompatEngine<CudaBackend>>> {
+    let mut e = lock(engines());
+    if let Some(c) = e.cuda.get(&ordinal) {
+        return Ok(c.clone());
+    }
+    let backend = CudaBackend::new(ordinal).map_err(py_err)?;
+    let c = Arc::new(e.overrides.builder().build(backend).map_err(py_err)?);
+    e.cuda.insert(ordinal, c.clone());
+    Ok(c)
+}
+
+/// Why the module does not move the bytes for this process: found once. (The Python package
+/// reads through the library's compat engine; a module that could serve is reported as such.)
+fn compat_reason() -> &'static str {
+    static REASON: OnceLock<&'static str> = OnceLock::new();
+    REASON.get_or_init(|| {
+        let reason = match Driver::open() {
+            Err(Error::ModuleNotLoaded { .. }) => CompatReason::NoModule,
+            Err(Error::PermissionDenied { .. }) => CompatReason::NoAccess,
+            Err(Error::VersionMismatch { .. } | Error::NotGdirect { .. }) => {
+                CompatReason::Incompatible
+            }
+            Err(e) => CompatReason::Unavailable(e.errno().unwrap_or(gdirect::Errno::EIO)),
+            Ok(d) => match d.info() {
+                Ok(i) if !i.has_provider(Provider::Nvidia) => CompatReason::NoProvider,
+                _ => return "module_not_used_from_python",
+            },
+        };
+        match reason {
+            CompatReason::NoModule => "no_module",
+            CompatReason::NoAccess => "no_access",
+            CompatReason::Incompatible => "incompatible",
+            CompatReason::NoProvider => "no_provider",
+            _ => "unavailable",
+        }
+    })
+}
+
+/// The report of one read, as a dict (the Python half makes it a `Report`).
+fn report<'py>(
+    py: Python<'py>,
+    r: &gdirect::compat::Report,
+    memory: &str,
+    seconds: f64,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("bytes", r.bytes)?;
+    d.set_item("eof", r.eof)?;
+    d.set_item("engine", "compat")?;
+    d.set_item("reason", compat_reason())?;
+    d.set_item("memory", memory)?;
+    d.set_item("direct_bytes", r.direct_bytes)?;
+    d.set_item("buffered_bytes", r.buffered_bytes)?;
+    d.set_item("mapped_bytes", r.mapped_bytes)?;
+    d.set_item("threads", r.threads)?;
+    d.set_item("seconds", seconds)?;
+    Ok(d)
+}
+
+/// A file opened for reading (kept open: open once, read many times).
+#[pyclass(module = "gdirect._native", frozen)]
+struct File {
+    src: Source,
+}
+
+#[pymethods]
+impl File {
+    #[new]
+    fn new(path: PathBuf) -> PyResult<Self> {
+        Ok(Self {
+            src: Source::open(path).map_err(py_err)?,
+        })
+    }
+
+    /// The path it was opened from.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.src.path().to_path_buf()
+    }
+
+    /// The file's size now (a block device's capacity).
+    #[getter]
+    fn size(&self) -> PyResult<u64> {
+        std::fs::metadata(self.src.path())
+            .map(|m| m.len())
+            .map(|len| if len == 0 { self.src.len() } else { len })
+            .map_err(|e| PyOSError::new_err((e.raw_os_error().unwrap_or(5), e.to_string())))
+    }
+
+    /// Reads `len` bytes at `file_offset` into host memory at address `ptr`. The caller (the
+    /// Python half) holds a writable, contiguous buffer of at least `len` bytes at `ptr` for the
+    /// whole call.
+    fn read_host<'py>(
+        &self,
+        py: Python<'py>,
+        ptr: usize,
+        len: u64,
+        file_offset: u64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        if ptr == 0 && len > 0 {
+            return Err(PyValueError::new_err("a null destination address"));
+        }
+        let engine = host_engine()?;
+        let t0 = Instant::now();
+        let r = py
+            .allow_threads(|| {
+                // SAFETY: the Python half passes the address of a writable buffer of `len`
+                // bytes that it keeps alive (a held memoryview) until this returns; no Rust
+                // reference covers it (the engine writes it by raw copies), so Python threads
+                // touching it meanwhile race with no reference.
+                unsafe { engine.read_host_ptr(&self.src, ptr as *mut u8, len, 0, file_offset, len) }
+            })
+            .map_err(py_err)?;
+        report(py, &r, "host", t0.elapsed().as_secs_f64())
+    }
+
+    /// Reads `len` bytes at `file_offset` into CUDA device memory at `ptr`, which must lie in
+    /// one allocation the CUDA driver knows (checked: an address range past the allocation's
+    /// end is refused, not written).
+    fn read_cuda<'py>(
+        &self,
+        py: Python<'py>,
+        ptr: u64,
+        len: u64,
+        file_offset: u64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let alloc = DeviceAllocation::of(ptr).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let end = ptr.checked_add(len);
+        if end.is_none_or(|end| end > alloc.start + alloc.size) {
+            return Err(PyValueError::new_err(format!(
+                "{len} bytes at {ptr:#x} run past the end of their CUDA allocation \
+                 ({:#x}, {} bytes)",
+                alloc.start, alloc.size
+            )));
+        }
+        let engine = cuda_engine(alloc.ordinal)?;
+        let t0 = Instant::now();
+        let r = py
+            .allow_threads(|| {
+                // SAFETY: `ptr..ptr + len` lies in a live device allocation of GPU `ordinal`
+                // (checked above), whose engine uses that GPU's primary context (the one CUDA
+                // runtimes such as PyTorch's and CuPy's allocate in); the Python half keeps the
+                // array alive until this returns.
+                unsafe { engine.read_device_ptr(&self.src, ptr, len, 0, file_offset, len) }
+            })
+            .map_err(py_err)?;
+        report(
+            py,
+            &r,
+            &format!("cuda:{}", alloc.ordinal),
+            t0.elapsed().as_secs_f64(),
+        )
+    }
+}
+
+/// Sets the engines' settings (`None` keeps the environment's or the default); engines made
+/// before are dropped, the next read makes new ones.
+#[pyfunction]
+#[pyo3(signature = (threads=None, task_size=None, page_cache=None))]
+fn configure(
+    threads: Option<usize>,
+    task_size: Option<u64>,
+    page_cache: Option<&str>,
+) -> PyResult<()> {
+    let page_cache = page_cache
+        .map(|p| {
+            PageCache::parse(p).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "page_cache={p:?}: expected auto, direct, buffered or mapped"
+                ))
+            })
+        })
+        .transpose()?;
+    let overrides = Overrides {
+        threads,
+        task_size,
+        page_cache,
+    };
+    // Checked now, so that a bad value is an error of this call, not of a later read.
+    overrides.builder().settings().map_err(py_err)?;
+    let mut e = lock(engines());
+    e.overrides = overrides;
+    e.host = None;
+    e.cuda.clear();
+    Ok(())
+}
+
+/// The settings the next read uses (environment, then `configure`).
+#[pyfunction]
+fn settings(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let s = lock(engines())
+        .overrides
+        .builder()
+        .settings()
+        .map_err(py_err)?;
+    let d = PyDict::new(py);
+    d.set_item("threads", s.threads)?;
+    d.set_item("task_size", s.task_size)?;
+    d.set_item("page_cache", s.page_cache.name())?;
+    Ok(d)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<File>()?;
+    m.add_function(wrap_pyfunction!(configure, m)?)?;
+    m.add_function(wrap_pyfunction!(settings, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

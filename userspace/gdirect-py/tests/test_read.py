@@ -1,0 +1,163 @@
+# SPDX-License-Identifier: GPL-2.0 OR MIT
+"""gdirect.File reads into host memory: every kind of destination, offsets, short reads at the
+end of the file, settings, and the errors bad input gets. Every byte is compared with the file's
+(the destination is poisoned first, so a byte that was not written cannot pass)."""
+
+import array
+import errno
+
+import numpy as np
+import pytest
+
+import gdirect
+
+SIZE = 3 * 1024 * 1024 + 1234  # not a multiple of any block size
+POISON = 0xA5
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("read") / "data.bin"
+    data = np.random.default_rng(1).integers(0, 256, SIZE, dtype=np.uint8).tobytes()
+    path.write_bytes(data)
+    return str(path), data
+
+
+def poisoned(n):
+    return bytearray([POISON]) * n
+
+
+def test_a_bytearray_gets_the_whole_file(data_file):
+    path, data = data_file
+    dest = poisoned(SIZE)
+    r = gdirect.File(path).read(dest)
+    assert (r.bytes, r.eof, r.engine, r.memory) == (SIZE, False, "compat", "host")
+    assert r.direct_bytes + r.buffered_bytes + r.mapped_bytes == SIZE
+    assert bytes(dest) == data
+
+
+@pytest.mark.parametrize("mode", ["auto", "direct", "buffered", "mapped"])
+def test_every_page_cache_mode_is_exact(data_file, mode):
+    path, data = data_file
+    gdirect.configure(threads=3, task_size=256 * 1024, page_cache=mode)
+    try:
+        assert gdirect.settings() == {"threads": 3, "task_size": 256 * 1024, "page_cache": mode}
+        dest = poisoned(SIZE - 4096)
+        r = gdirect.File(path).read(dest, file_offset=4096)
+        assert r.bytes == SIZE - 4096 and bytes(dest) == data[4096:]
+    finally:
+        gdirect.configure()
+
+
+def test_numpy_arrays_memoryviews_and_array_module_buffers(data_file):
+    path, data = data_file
+    f = gdirect.File(path)
+    a = np.full(1000, np.nan, dtype=np.float32)
+    f.read(a, file_offset=12345)
+    assert a.tobytes() == data[12345 : 12345 + 4000]
+    big = poisoned(8192)
+    mv = memoryview(big)[100:4196]
+    f.read(mv, file_offset=7)
+    assert bytes(big[100:4196]) == data[7:4103]
+    assert big[:100] == poisoned(100) and big[4196:] == poisoned(8192 - 4196)
+    arr = array.array("i", [0x5A5A5A5A]) * 300
+    f.read(arr, file_offset=99)
+    assert arr.tobytes() == data[99 : 99 + 1200]
+
+
+def test_dest_offset_and_size_write_only_their_range(data_file):
+    path, data = data_file
+    dest = poisoned(10000)
+    r = gdirect.File(path).read(dest, file_offset=500, dest_offset=1000, size=3000)
+    assert r.bytes == 3000
+    assert bytes(dest[1000:4000]) == data[500:3500]
+    assert dest[:1000] == poisoned(1000) and dest[4000:] == poisoned(6000)
+
+
+def test_a_read_past_the_end_is_short_and_says_so(data_file):
+    path, data = data_file
+    dest = poisoned(8192)
+    r = gdirect.File(path).read(dest, file_offset=SIZE - 1000)
+    assert (r.bytes, r.eof) == (1000, True)
+    assert bytes(dest[:1000]) == data[-1000:] and dest[1000:] == poisoned(8192 - 1000)
+    r = gdirect.File(path).read(bytearray(10), file_offset=SIZE + 5)
+    assert (r.bytes, r.eof) == (0, True)
+
+
+def test_reads_in_flight_at_once_are_each_exact(data_file):
+    path, data = data_file
+    f = gdirect.File(path)
+    dests = [poisoned(65536) for _ in range(16)]
+    futures = [f.read_async(d, file_offset=i * 100000) for i, d in enumerate(dests)]
+    for i, (fut, d) in enumerate(zip(futures, dests)):
+        assert fut.result().bytes == 65536
+        assert bytes(d) == data[i * 100000 : i * 100000 + 65536]
+
+
+def test_the_file_is_kept_open_and_sees_it_grow(tmp_path):
+    path = tmp_path / "grow.bin"
+    path.write_bytes(b"a" * 5000)
+    f = gdirect.File(path)
+    with open(path, "ab") as w:
+        w.write(b"b" * 3000)
+    assert f.size == 8000
+    dest = poisoned(8000)
+    assert f.read(dest).bytes == 8000 and bytes(dest) == b"a" * 5000 + b"b" * 3000
+
+
+def test_a_missing_file_is_file_not_found_with_its_errno():
+    with pytest.raises(FileNotFoundError) as e:
+        gdirect.File("/nonexistent/gdirect-test")
+    assert e.value.errno == errno.ENOENT and "/nonexistent/gdirect-test" in str(e.value)
+
+
+def test_a_directory_is_an_os_error(tmp_path):
+    with pytest.raises(OSError) as e:
+        gdirect.File(tmp_path).read(bytearray(10))
+    assert e.value.errno == errno.EISDIR
+
+
+@pytest.mark.parametrize(
+    "dest, exc, words",
+    [
+        (b"read-only bytes", ValueError, "read-only"),
+        (memoryview(bytearray(64))[::2], ValueError, "contiguous"),
+        (np.zeros((8, 8), dtype=np.uint8)[:, :4], ValueError, "contiguous"),
+        (12345, TypeError, "cannot read into a int"),
+        ("a string", TypeError, "cannot read into a str"),
+    ],
+)
+def test_bad_destinations_are_refused_before_any_io(data_file, dest, exc, words):
+    path, _ = data_file
+    with pytest.raises(exc, match=words):
+        gdirect.File(path).read(dest)
+
+
+def test_bad_offsets_and_sizes_are_value_and_type_errors(data_file):
+    path, _ = data_file
+    f = gdirect.File(path)
+    with pytest.raises(ValueError, match="do not fit"):
+        f.read(bytearray(100), size=101)
+    with pytest.raises(ValueError, match="do not fit"):
+        f.read(bytearray(100), dest_offset=50, size=51)
+    with pytest.raises(ValueError, match="past the destination"):
+        f.read(bytearray(100), dest_offset=101)
+    with pytest.raises(ValueError, match="must not be negative"):
+        f.read(bytearray(100), file_offset=-1)
+    with pytest.raises(TypeError, match="must be an integer"):
+        f.read(bytearray(100), file_offset=1.5)
+
+
+def test_bad_settings_are_value_errors():
+    with pytest.raises(ValueError, match="page_cache"):
+        gdirect.configure(page_cache="sometimes")
+    with pytest.raises(ValueError):
+        gdirect.configure(task_size=1000)  # not a multiple of 4 KiB
+    gdirect.configure()
+    assert gdirect.settings()["page_cache"] in ("auto", "direct", "buffered", "mapped")
+
+
+def test_an_empty_destination_reads_nothing(data_file):
+    path, _ = data_file
+    r = gdirect.File(path).read(bytearray())
+    assert r.bytes == 0

@@ -1,0 +1,166 @@
+# SPDX-License-Identifier: GPL-2.0 OR MIT
+"""gdirect.safetensors against the safetensors package's own reader, on files that package
+wrote: every dtype NumPy has, scalars, empty tensors, metadata, sharded checkpoints, lazy access;
+and corrupt, truncated and hostile files refused with a clear error, never a partial result."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+import safetensors.numpy as stnp
+
+from gdirect import safetensors as gst
+
+DTYPES = ["float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8",
+          "uint16", "uint32", "uint64", "bool"]
+
+
+def tensors(seed=0):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i, dt in enumerate(DTYPES):
+        shape = [(3, 5, 7), (1,), (129,), (2, 1, 3)][i % 4]
+        if dt == "bool":
+            out[f"t_{dt}"] = rng.integers(0, 2, shape).astype(bool)
+        elif dt.startswith("float"):
+            out[f"t_{dt}"] = rng.standard_normal(shape).astype(dt)
+        else:
+            info = np.iinfo(dt)
+            out[f"t_{dt}"] = rng.integers(info.min, info.max, shape, dtype=dt, endpoint=True)
+    out["scalar"] = np.array(3.5, dtype=np.float32)
+    out["empty"] = np.zeros((0, 4), dtype=np.int16)
+    # An odd-sized tensor first puts the next ones at offsets their dtype cannot view.
+    out["aa_odd"] = np.arange(3, dtype=np.uint8)
+    return out
+
+
+def same(got, want):
+    assert set(got) == set(want)
+    for k, w in want.items():
+        g = got[k]
+        assert (g.dtype, g.shape) == (w.dtype, w.shape), k
+        assert np.array_equal(g, w), k
+
+
+def test_one_file_equals_safetensors_own_reader(tmp_path):
+    path = tmp_path / "model.safetensors"
+    stnp.save_file(tensors(), str(path), metadata={"format": "np", "note": "gdirect test"})
+    got = gst.load(path, device="cpu", framework="numpy")
+    same(got, stnp.load_file(str(path)))
+    assert gst.metadata(path) == {"format": "np", "note": "gdirect test"}
+
+
+def test_a_sharded_checkpoint_by_its_index_and_by_a_list(tmp_path):
+    all_t = tensors(1)
+    names = sorted(all_t)
+    shards = [names[: len(names) // 2], names[len(names) // 2 :]]
+    weight_map = {}
+    for i, part in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-00002.safetensors"
+        stnp.save_file({k: all_t[k] for k in part}, str(tmp_path / fname))
+        weight_map.update({k: fname for k in part})
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    same(gst.load(index, device="cpu", framework="numpy"), all_t)
+    files = [tmp_path / f"model-{i + 1:05d}-of-00002.safetensors" for i in range(2)]
+    same(gst.load(files, device="cpu", framework="numpy"), all_t)
+
+
+def test_a_tensor_in_two_shards_is_an_error(tmp_path):
+    stnp.save_file({"w": np.ones(3, np.float32)}, str(tmp_path / "a.safetensors"))
+    stnp.save_file({"w": np.zeros(3, np.float32)}, str(tmp_path / "b.safetensors"))
+    with pytest.raises(gst.SafetensorsError, match="'w' is in both"):
+        gst.load([tmp_path / "a.safetensors", tmp_path / "b.safetensors"], device="cpu",
+                 framework="numpy")
+
+
+def test_lazy_access_reads_one_tensor_at_a_time(tmp_path):
+    path = tmp_path / "lazy.safetensors"
+    want = tensors(2)
+    stnp.save_file(want, str(path), metadata={"k": "v"})
+    with gst.open(path, device="cpu", framework="numpy") as f:
+        assert sorted(f.keys()) == sorted(want)
+        assert f.metadata() == {"k": "v"}
+        for k in ("t_float64", "aa_odd", "empty", "scalar", "t_bool"):
+            g = f.get_tensor(k)
+            assert g.dtype == want[k].dtype and np.array_equal(g, want[k]), k
+        with pytest.raises(KeyError):
+            f.get_tensor("missing")
+
+
+def test_bfloat16_without_a_numpy_type_is_a_clear_error(tmp_path):
+    path = tmp_path / "bf16.safetensors"
+    raw = np.arange(8, dtype=np.uint16)
+    write_raw(path, {"w": {"dtype": "BF16", "shape": [8], "data_offsets": [0, 16]}}, raw.tobytes())
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        with pytest.raises(gst.SafetensorsError, match="numpy has no BF16"):
+            gst.load(path, device="cpu", framework="numpy")
+    else:
+        assert gst.load(path, device="cpu", framework="numpy")["w"].view(np.uint16).tolist() == raw.tolist()
+
+
+def write_raw(path, header, data, header_len=None):
+    h = json.dumps(header).encode()
+    n = len(h) if header_len is None else header_len
+    path.write_bytes(struct.pack("<Q", n) + h + data)
+
+
+GOOD = {"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}
+
+
+@pytest.mark.parametrize(
+    "header, data, header_len, words",
+    [
+        (GOOD, b"\0" * 15, None, "truncated: tensor 'w' ends at byte 16"),
+        (GOOD, b"\0" * 16, 10**6, "truncated: a header of 1000000 bytes"),
+        (GOOD, b"\0" * 16, 2**40, "a header of 1099511627776 bytes"),
+        ({"w": {"dtype": "F33", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 16, None, "unknown dtype 'F33'"),
+        ({"w": {"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}}, b"\0" * 16, None, "is 20 bytes, its offsets span 16"),
+        ({"w": {"dtype": "F32", "shape": [2**62, 2**62], "data_offsets": [0, 16]}}, b"\0" * 16, None, "its offsets span 16"),
+        ({"w": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}, b"\0" * 16, None, "not a list of sizes"),
+        ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [16, 0]}}, b"\0" * 16, None, "are not \\[begin, end\\]"),
+        ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 2**70]}}, b"\0" * 16, None, "span"),
+        ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+          "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}, b"\0" * 16, None, "overlap"),
+        ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}, "__metadata__": {"a": 1}}, b"\0" * 16, None, "__metadata__"),
+        ({"w": [1, 2]}, b"", None, "not an object"),
+    ],
+)
+def test_hostile_headers_are_refused_before_any_data_is_read(tmp_path, header, data, header_len, words):
+    path = tmp_path / "bad.safetensors"
+    write_raw(path, header, data, header_len)
+    with pytest.raises(gst.SafetensorsError, match=words):
+        gst.load(path, device="cpu", framework="numpy")
+
+
+def test_a_header_that_is_not_json_or_a_file_too_short(tmp_path):
+    p = tmp_path / "notjson.safetensors"
+    p.write_bytes(struct.pack("<Q", 5) + b"{nope")
+    with pytest.raises(gst.SafetensorsError, match="not JSON"):
+        gst.load(p, device="cpu", framework="numpy")
+    p.write_bytes(b"\x01\x02")
+    with pytest.raises(gst.SafetensorsError, match="too short"):
+        gst.load(p, device="cpu", framework="numpy")
+
+
+def test_a_file_cut_short_by_the_safetensors_writer_is_truncated(tmp_path):
+    path = tmp_path / "cut.safetensors"
+    stnp.save_file(tensors(3), str(path))
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-100])
+    with pytest.raises(gst.SafetensorsError, match="truncated"):
+        gst.load(path, device="cpu", framework="numpy")
+
+
+def test_bad_devices_and_frameworks_are_value_errors(tmp_path):
+    path = tmp_path / "ok.safetensors"
+    stnp.save_file({"w": np.ones(2, np.float32)}, str(path))
+    with pytest.raises(ValueError, match="device 'gpu'"):
+        gst.load(path, device="gpu", framework="numpy")
+    with pytest.raises(ValueError, match="framework 'tf'"):
+        gst.load(path, device="cpu", framework="tf")
+    with pytest.raises(ValueError, match="use device='cpu'"):
+        gst.load(path, device="cuda:0", framework="numpy")

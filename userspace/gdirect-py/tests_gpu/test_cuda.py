@@ -1,0 +1,130 @@
+# SPDX-License-Identifier: GPL-2.0 OR MIT
+"""gdirect on a CUDA GPU, with PyTorch and CuPy: reads into device memory compared byte for byte
+with the file, device addresses checked against the driver's allocations, and the safetensors
+loader against safetensors.torch.load_file. Needs a GPU: run on one with
+`python -m pytest userspace/gdirect-py/tests_gpu` (scripts/test runs the host-only tests)."""
+
+import numpy as np
+import pytest
+import torch
+
+import gdirect
+from gdirect import safetensors as gst
+
+SIZE = 64 * 1024 * 1024 + 4567
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpu") / "data.bin"
+    data = np.random.default_rng(5).integers(0, 256, SIZE, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    return str(path), torch.from_numpy(data)
+
+
+def test_a_torch_cuda_tensor_gets_the_file(data_file):
+    path, data = data_file
+    dest = torch.full((SIZE,), 0xA5, dtype=torch.uint8, device="cuda:0")
+    r = gdirect.File(path).read(dest)
+    assert (r.bytes, r.eof, r.memory) == (SIZE, False, "cuda:0")
+    assert torch.equal(dest.cpu(), data)
+
+
+@pytest.mark.parametrize("mode", ["direct", "buffered", "mapped"])
+def test_offsets_and_every_page_cache_mode(data_file, mode):
+    path, data = data_file
+    gdirect.configure(page_cache=mode)
+    try:
+        dest = torch.full((1 << 20,), 0xA5, dtype=torch.uint8, device="cuda:0")
+        r = gdirect.File(path).read(dest, file_offset=12345, dest_offset=100, size=500000)
+        assert r.bytes == 500000
+        host = dest.cpu()
+        assert torch.equal(host[100:500100], data[12345:512345])
+        assert (host[:100] == 0xA5).all() and (host[500100:] == 0xA5).all()
+    finally:
+        gdirect.configure()
+
+
+def test_a_float_tensor_and_a_short_read_at_the_end(data_file):
+    path, data = data_file
+    dest = torch.zeros(1024, dtype=torch.float32, device="cuda:0")
+    r = gdirect.File(path).read(dest, file_offset=SIZE - 1000)
+    assert (r.bytes, r.eof) == (1000, True)
+    assert torch.equal(dest.cpu().view(torch.uint8)[:1000], data[-1000:])
+
+
+def test_a_cupy_array(data_file):
+    cupy = pytest.importorskip("cupy")
+    path, data = data_file
+    dest = cupy.zeros(4096, dtype=cupy.int32)
+    gdirect.File(path).read(dest, file_offset=8)
+    assert torch.equal(torch.from_numpy(cupy.asnumpy(dest).view(np.uint8)), data[8 : 8 + 16384])
+
+
+class Fake:
+    def __init__(self, ptr, nbytes):
+        self.__cuda_array_interface__ = {
+            "data": (ptr, False), "shape": (nbytes,), "typestr": "|u1", "strides": None, "version": 3,
+        }
+
+
+def test_an_array_that_claims_more_than_its_allocation_is_refused(data_file):
+    path, _ = data_file
+    t = torch.empty(1 << 20, dtype=torch.uint8, device="cuda:0")
+    # PyTorch's caching allocator may have rounded the allocation up: claim far more.
+    with pytest.raises(ValueError, match="past the end of their CUDA allocation"):
+        gdirect.File(path).read(Fake(t.data_ptr(), 1 << 34))
+
+
+def test_host_memory_posing_as_device_memory_is_refused(data_file):
+    path, _ = data_file
+    host = np.zeros(4096, dtype=np.uint8)
+    with pytest.raises(ValueError):
+        gdirect.File(path).read(Fake(host.ctypes.data, 4096))
+
+
+def test_a_tensor_that_requires_grad_is_refused():
+    t = torch.zeros(16, device="cuda:0", requires_grad=True)
+    with pytest.raises(ValueError, match="detach"):
+        gdirect.File("/dev/null").read(t)
+
+
+def checkpoint(path):
+    import safetensors.torch as stt
+
+    g = torch.Generator().manual_seed(3)
+    t = {
+        "a_odd": torch.arange(3, dtype=torch.uint8),
+        "bf16": torch.randn(257, 33, generator=g).to(torch.bfloat16),
+        "f16": torch.randn(64, generator=g).to(torch.float16),
+        "f32": torch.randn(3, 5, 7, generator=g),
+        "f64": torch.randn(9, generator=g, dtype=torch.float64),
+        "i64": torch.randint(-(2**62), 2**62, (11,), generator=g),
+        "i32": torch.randint(-(2**31), 2**31 - 1, (13,), generator=g, dtype=torch.int32),
+        "i8": torch.randint(-128, 127, (17,), generator=g, dtype=torch.int8),
+        "bool": torch.randint(0, 2, (19,), generator=g).bool(),
+        "f8": torch.randn(23, generator=g).to(torch.float8_e4m3fn),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 4),
+    }
+    stt.save_file(t, str(path), metadata={"m": "1"})
+    return t
+
+
+def test_safetensors_load_equals_load_file(tmp_path):
+    import safetensors.torch as stt
+
+    path = tmp_path / "ckpt.safetensors"
+    checkpoint(path)
+    want = stt.load_file(str(path), device="cuda:0")
+    got = gst.load(path, device="cuda:0")
+    assert set(got) == set(want)
+    for k, w in want.items():
+        g = got[k]
+        assert (g.dtype, g.shape, g.device) == (w.dtype, w.shape, w.device), k
+        assert torch.equal(g.view(torch.uint8) if g.dtype == torch.float8_e4m3fn else g,
+                           w.view(torch.uint8) if w.dtype == torch.float8_e4m3fn else w), k
+    with gst.open(path, device="cuda:0") as f:
+        assert torch.equal(f.get_tensor("bf16"), want["bf16"])
+    cpu = gst.load(path, device="cpu")
+    assert torch.equal(cpu["bf16"], want["bf16"].cpu())
