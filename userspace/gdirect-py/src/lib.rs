@@ -14,7 +14,8 @@ use std::{
 
 use gdirect::{
     compat::{
-        Builder, CompatEngine, CudaBackend, DeviceAllocation, HostBackend, PageCache, Source,
+        Builder, CompatEngine, CudaBackend, DeviceAllocation, HostBackend, PageCache, Segment,
+        Source,
     },
     CompatReason, Driver, Error, Provider,
 };
@@ -246,6 +247,102 @@ impl File {
     }
 }
 
+/// Reads many ranges at once, with one set of workers taking their pieces in turn (a sharded
+/// checkpoint): `reads` is a list of `(file, address, length, file_offset)`, all into host
+/// memory (`cuda=False`) or all into device memory of one GPU (`cuda=True`, each range checked
+/// against its CUDA allocation). Returns the report of the whole, and each range's `(bytes,
+/// eof)`.
+#[pyfunction]
+#[pyo3(signature = (reads, cuda))]
+fn read_many<'py>(
+    py: Python<'py>,
+    reads: Vec<(Py<File>, u64, u64, u64)>,
+    cuda: bool,
+) -> PyResult<(Bound<'py, PyDict>, Vec<(u64, bool)>)> {
+    let mut ranges: Vec<(u64, u64)> = reads.iter().map(|r| (r.1, r.2)).collect();
+    ranges.sort_unstable();
+    if ranges
+        .windows(2)
+        .any(|w| w[0].1 > 0 && w[1].1 > 0 && w[0].0.saturating_add(w[0].1) > w[1].0)
+    {
+        return Err(PyValueError::new_err(
+            "two destinations of read_many overlap",
+        ));
+    }
+    if reads.iter().any(|r| r.1 == 0 && r.2 > 0) {
+        return Err(PyValueError::new_err("a null destination address"));
+    }
+    let mut ordinal = None;
+    if cuda {
+        for &(_, ptr, len, _) in &reads {
+            if len == 0 {
+                continue;
+            }
+            let alloc =
+                DeviceAllocation::of(ptr).map_err(|e| PyValueError::new_err(e.to_string()))?;
+            if ptr
+                .checked_add(len)
+                .is_none_or(|end| end > alloc.start + alloc.size)
+            {
+                return Err(PyValueError::new_err(format!(
+                    "{len} bytes at {ptr:#x} run past the end of their CUDA allocation"
+                )));
+            }
+            if ordinal.is_some_and(|o| o != alloc.ordinal) {
+                return Err(PyValueError::new_err(
+                    "read_many's destinations are on more than one GPU: one call per GPU",
+                ));
+            }
+            ordinal = Some(alloc.ordinal);
+        }
+    }
+    let t0 = Instant::now();
+    let segs: Vec<Segment<'_>> = reads
+        .iter()
+        .map(|r| Segment {
+            src: &r.0.get().src,
+            file_offset: r.3,
+            len: r.2,
+            mem_offset: 0,
+        })
+        .collect();
+    let (all, each) = match (cuda, ordinal) {
+        (false, _) => {
+            let engine = host_engine()?;
+            let ptrs: Vec<(usize, u64)> = reads.iter().map(|r| (r.1 as usize, r.2)).collect();
+            py.allow_threads(|| {
+                let ptrs: Vec<(*mut u8, u64)> =
+                    ptrs.iter().map(|&(p, l)| (p as *mut u8, l)).collect();
+                // SAFETY: as in `File::read_host`, for each range; they do not overlap
+                // (checked above).
+                unsafe { engine.read_host_ptrs(&segs, &ptrs) }
+            })
+            .map_err(py_err)?
+        }
+        // Only empty ranges: nothing to read.
+        (true, None) => (Default::default(), vec![Default::default(); segs.len()]),
+        (true, Some(o)) => {
+            let engine = cuda_engine(o)?;
+            let ptrs: Vec<(u64, u64)> = reads.iter().map(|r| (r.1, r.2)).collect();
+            py.allow_threads(|| {
+                // SAFETY: as in `File::read_cuda`, for each range (checked above against its
+                // allocation on this GPU); they do not overlap (checked above).
+                unsafe { engine.read_device_ptrs(&segs, &ptrs) }
+            })
+            .map_err(py_err)?
+        }
+    };
+    let memory = match ordinal {
+        Some(o) => format!("cuda:{o}"),
+        None if cuda => "cuda".to_string(),
+        None => "host".to_string(),
+    };
+    Ok((
+        report(py, &all, &memory, t0.elapsed().as_secs_f64())?,
+        each.iter().map(|r| (r.bytes, r.eof)).collect(),
+    ))
+}
+
 /// Sets the engines' settings (`None` keeps the environment's or the default); engines made
 /// before are dropped, the next read makes new ones.
 #[pyfunction]
@@ -297,6 +394,7 @@ fn settings(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<File>()?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;
+    m.add_function(wrap_pyfunction!(read_many, m)?)?;
     m.add_function(wrap_pyfunction!(settings, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -161,3 +161,27 @@ def test_an_empty_destination_reads_nothing(data_file):
     path, _ = data_file
     r = gdirect.File(path).read(bytearray())
     assert r.bytes == 0
+
+
+def test_many_ranges_of_several_files_in_one_call(data_file, tmp_path):
+    path, data = data_file
+    other = tmp_path / "other.bin"
+    other.write_bytes(bytes(range(256)) * 40)
+    a, b = poisoned(5000), poisoned(20000)
+    ta, tb = gdirect._target(a), gdirect._target(b)
+    report, each = gdirect._native.read_many(
+        [
+            (gdirect.File(path)._f, ta.ptr, 5000, 777),
+            (gdirect.File(other)._f, tb.ptr, 20000, 100),
+        ],
+        False,
+    )
+    assert each == [(5000, False), (10140, True)]
+    assert report["bytes"] == 15140 and report["eof"]
+    assert bytes(a) == data[777:5777]
+    assert bytes(b[:10140]) == (bytes(range(256)) * 40)[100:] and b[10140:] == poisoned(20000 - 10140)
+    with pytest.raises(ValueError, match="overlap"):
+        gdirect._native.read_many(
+            [(gdirect.File(path)._f, ta.ptr, 100, 0), (gdirect.File(path)._f, ta.ptr + 50, 100, 0)],
+            False,
+        )

@@ -452,17 +452,49 @@ pub fn stats() -> CompatStats {
     }
 }
 
-fn count(r: &Result<Report>) {
+/// `Ok` when there are as many destinations as segments.
+fn one_destination_each(segments: usize, destinations: usize) -> Result<()> {
+    if segments == destinations {
+        return Ok(());
+    }
+    Err(Error::BadSetting {
+        name: "segments",
+        value: format!("{segments} segments, {destinations} destinations"),
+        expected: "one destination per segment",
+    })
+}
+
+/// `Ok` when no two `(offset, len)` ranges overlap.
+fn disjoint(ranges: impl Iterator<Item = (u64, u64)>) -> Result<()> {
+    let mut r: Vec<(u64, u64)> = ranges.filter(|&(_, len)| len > 0).collect();
+    r.sort_unstable();
+    for w in r.windows(2) {
+        if w[0].0.saturating_add(w[0].1) > w[1].0 {
+            return Err(Error::BadSetting {
+                name: "segments",
+                value: format!(
+                    "{} bytes at {} and {} bytes at {}",
+                    w[0].1, w[0].0, w[1].1, w[1].0
+                ),
+                expected: "segments that do not overlap in memory",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Counts a read in the process's statistics: its report, or `None` for a failed one.
+fn count(r: Option<&Report>) {
     let add = |i: usize, v: u64| STATS[i].fetch_add(v, Ordering::Relaxed);
     add(0, 1);
     match r {
-        Ok(r) => {
+        Some(r) => {
             add(2, r.bytes);
             add(3, r.direct_bytes);
             add(4, r.buffered_bytes);
             add(5, r.mapped_bytes);
         }
-        Err(_) => {
+        None => {
             add(1, 1);
         }
     }
@@ -519,24 +551,77 @@ struct Tally {
     latencies: Vec<u64>,
 }
 
-/// The shared state of one read.
-struct Job<'a, I: Input, D> {
+/// One range of a file to read into memory: for [`CompatEngine::read_vectored`].
+#[derive(Clone, Copy, Debug)]
+pub struct Segment<'a> {
+    /// The file.
+    pub src: &'a Source,
+    /// Where in the file.
+    pub file_offset: u64,
+    /// How many bytes.
+    pub len: u64,
+    /// Where in the memory (for [`CompatEngine::read_device_ptrs`], where in `ptr`'s memory).
+    pub mem_offset: u64,
+}
+
+/// What one segment of a vectored read got.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SegmentRead {
+    /// Bytes read: fewer than asked only at the end of the file.
+    pub bytes: u64,
+    /// The file ended before the segment did.
+    pub eof: bool,
+}
+
+/// What one part of a read asks for: `len` bytes of `src` at `file_offset` into `dest` at
+/// `mem_offset`.
+struct PartSpec<'a, I, D> {
+    src: &'a I,
+    dest: D,
+    mem_offset: u64,
+    file_offset: u64,
+    len: u64,
+}
+
+/// One part of a read, planned.
+struct Part<'a, I: Input, D> {
     src: &'a I,
     dest: D,
     /// `dest` offset of file offset `plan` start.
     dest_base: u64,
     file_base: u64,
     plan: Plan,
-    mode: PageCache,
     /// Direct reads are possible: the file takes them, at an alignment that divides the task.
     direct: bool,
     /// Their alignment.
     align: u64,
     mapped: Option<Arc<MappedFile>>,
-    next: AtomicUsize,
-    failed: AtomicBool,
+    /// The job-wide number of its first piece.
+    first: usize,
+    /// The bytes asked for, and those the file has of them.
+    asked: u64,
+    want: u64,
     /// The lowest file offset at which the file was found to end (short read).
     short_end: AtomicU64,
+}
+
+/// The shared state of one read: its parts, whose pieces the workers claim in turn.
+struct Job<'a, I: Input, D> {
+    parts: Vec<Part<'a, I, D>>,
+    /// Pieces of all parts.
+    pieces: usize,
+    mode: PageCache,
+    next: AtomicUsize,
+    failed: AtomicBool,
+}
+
+impl<I: Input, D> Job<'_, I, D> {
+    /// The part of job-wide piece `i`, and the piece's range in its file.
+    fn piece(&self, i: usize) -> (&Part<'_, I, D>, Range<u64>) {
+        let k = self.parts.partition_point(|p| p.first <= i) - 1;
+        let part = &self.parts[k];
+        (part, part.plan.piece(i - part.first))
+    }
 }
 
 impl CompatEngine<HostBackend> {
@@ -570,7 +655,37 @@ impl CompatEngine<HostBackend> {
     ) -> Result<Report> {
         let dest = host::HostDest::from_raw(ptr, len);
         let r = self.read_input(src, dest, mem_offset, file_offset, n);
-        count(&r);
+        count(r.as_ref().ok());
+        r
+    }
+
+    /// [`CompatEngine::read_vectored`] into host memory no Rust reference may cover: segment
+    /// `i` goes to the `len` bytes at `ptrs[i]` (at its `mem_offset`).
+    ///
+    /// # Safety
+    ///
+    /// Each `ptrs[i].0..ptrs[i].0 + ptrs[i].1` is writable memory of this process that stays
+    /// allocated until the call returns, no Rust reference points into it meanwhile, and the
+    /// segments' destinations do not overlap.
+    pub unsafe fn read_host_ptrs(
+        &self,
+        segments: &[Segment<'_>],
+        ptrs: &[(*mut u8, u64)],
+    ) -> Result<(Report, Vec<SegmentRead>)> {
+        one_destination_each(segments.len(), ptrs.len())?;
+        let specs = segments
+            .iter()
+            .zip(ptrs)
+            .map(|(s, &(ptr, len))| PartSpec {
+                src: s.src,
+                dest: host::HostDest::from_raw(ptr, len),
+                mem_offset: s.mem_offset,
+                file_offset: s.file_offset,
+                len: s.len,
+            })
+            .collect();
+        let r = self.read_parts(specs);
+        count(r.as_ref().ok().map(|(report, _)| report));
         r
     }
 }
@@ -599,7 +714,39 @@ impl CompatEngine<CudaBackend> {
         self.backend.synchronize()?;
         let dest = cuda::CudaDest::from_raw(ptr, len);
         let r = self.read_input(src, dest, mem_offset, file_offset, n);
-        count(&r);
+        count(r.as_ref().ok());
+        r
+    }
+
+    /// [`CompatEngine::read_vectored`] into device memory that another library allocated:
+    /// segment `i` goes to the `len` bytes at device pointer `ptrs[i]` (at its `mem_offset`).
+    ///
+    /// # Safety
+    ///
+    /// Each `ptrs[i].0..ptrs[i].0 + ptrs[i].1` is device memory of the backend's context that
+    /// stays allocated, and that nothing else reads or writes, until the call returns; the
+    /// segments' destinations do not overlap.
+    pub unsafe fn read_device_ptrs(
+        &self,
+        segments: &[Segment<'_>],
+        ptrs: &[(u64, u64)],
+    ) -> Result<(Report, Vec<SegmentRead>)> {
+        one_destination_each(segments.len(), ptrs.len())?;
+        let _entered = self.backend.enter_thread()?;
+        self.backend.synchronize()?;
+        let specs = segments
+            .iter()
+            .zip(ptrs)
+            .map(|(s, &(ptr, len))| PartSpec {
+                src: s.src,
+                dest: cuda::CudaDest::from_raw(ptr, len),
+                mem_offset: s.mem_offset,
+                file_offset: s.file_offset,
+                len: s.len,
+            })
+            .collect();
+        let r = self.read_parts(specs);
+        count(r.as_ref().ok().map(|(report, _)| report));
         r
     }
 }
@@ -629,7 +776,7 @@ impl<B: Backend> CompatEngine<B> {
         self.backend.before_read(memory)?;
         let dest = B::dest(memory);
         let r = self.read_input(src, dest, mem_offset, file_offset, len);
-        count(&r);
+        count(r.as_ref().ok());
         r
     }
 
@@ -641,115 +788,183 @@ impl<B: Backend> CompatEngine<B> {
         file_offset: u64,
         len: u64,
     ) -> Result<Report> {
-        let dest_len = B::dest_len(&dest);
-        if mem_offset.checked_add(len).is_none_or(|end| end > dest_len) {
-            return Err(Error::OutOfMemoryRange {
-                offset: mem_offset,
-                len,
-                size: dest_len,
-            });
-        }
-        // The size now, not when the file was opened: it may have grown (or shrunk) since.
-        let size = src.current_size().unwrap_or_else(|_| src.id().size());
-        let want = len.min(size.saturating_sub(file_offset));
-        let mut report = Report {
-            eof: want < len,
-            ..Report::default()
+        let spec = PartSpec {
+            src,
+            dest,
+            mem_offset,
+            file_offset,
+            len,
         };
+        self.read_parts(vec![spec]).map(|(report, _)| report)
+    }
+
+    /// Reads every segment (ranges of one file or of several: a checkpoint's shards, a list of
+    /// tensors) into `memory` with one set of workers, which take the segments' pieces in turn:
+    /// one report for all, and what each segment got. Segments may not overlap in `memory`.
+    pub fn read_vectored(
+        &self,
+        memory: &mut B::Memory,
+        segments: &[Segment<'_>],
+    ) -> Result<(Report, Vec<SegmentRead>)> {
+        disjoint(segments.iter().map(|s| (s.mem_offset, s.len)))?;
+        let _entered = self.backend.enter_thread()?;
+        self.backend.before_read(memory)?;
+        let dest = B::dest(memory);
+        let specs = segments
+            .iter()
+            .map(|s| PartSpec {
+                src: s.src,
+                dest,
+                mem_offset: s.mem_offset,
+                file_offset: s.file_offset,
+                len: s.len,
+            })
+            .collect();
+        let r = self.read_parts(specs);
+        count(r.as_ref().ok().map(|(report, _)| report));
+        r
+    }
+
+    /// Reads every part with one set of workers, which claim the parts' pieces in turn (a
+    /// checkpoint's shards, a list of tensors): one report for all, and each part's bytes and
+    /// end of file.
+    fn read_parts<I: Input>(
+        &self,
+        specs: Vec<PartSpec<'_, I, B::Dest>>,
+    ) -> Result<(Report, Vec<SegmentRead>)> {
         let s = &self.settings;
-        let piece = Plan::piece_size(want, s.threads, s.task_size, s.max_piece);
-        let align = src.direct_align();
-        let direct = src.direct_io() && s.task_size % align == 0;
-        let align = if direct { align } else { DIRECT_ALIGN };
-        let plan = Plan::new(file_offset, want, align, s.task_size, piece);
-        let workers = s.threads.min(plan.pieces());
-        if workers == 0 {
-            return Ok(report);
-        }
         let mode = match s.page_cache {
             PageCache::Auto if self.backend.prefers_mapped() => PageCache::Mapped,
             PageCache::Auto => PageCache::Auto,
             p => p,
         };
         let auto = s.page_cache == PageCache::Auto;
-        let mapped = match mode {
-            PageCache::Mapped => src.mapping().map(|m| self.mapped_file(src.id(), m)),
-            _ => None,
-        };
+        let mut parts = Vec::with_capacity(specs.len());
+        let mut pieces = 0;
+        for spec in specs {
+            let dest_len = B::dest_len(&spec.dest);
+            if spec
+                .mem_offset
+                .checked_add(spec.len)
+                .is_none_or(|end| end > dest_len)
+            {
+                return Err(Error::OutOfMemoryRange {
+                    offset: spec.mem_offset,
+                    len: spec.len,
+                    size: dest_len,
+                });
+            }
+            let src = spec.src;
+            // The size now, not when the file was opened: it may have grown (or shrunk) since.
+            let size = src.current_size().unwrap_or_else(|_| src.id().size());
+            let want = spec.len.min(size.saturating_sub(spec.file_offset));
+            let piece = Plan::piece_size(want, s.threads, s.task_size, s.max_piece);
+            let align = src.direct_align();
+            let direct = src.direct_io() && s.task_size % align == 0;
+            let align = if direct { align } else { DIRECT_ALIGN };
+            let plan = Plan::new(spec.file_offset, want, align, s.task_size, piece);
+            let mapped = match mode {
+                PageCache::Mapped if want > 0 => {
+                    src.mapping().map(|m| self.mapped_file(src.id(), m))
+                }
+                _ => None,
+            };
+            let first = pieces;
+            pieces += plan.pieces();
+            parts.push(Part {
+                src,
+                dest: spec.dest,
+                dest_base: spec.mem_offset,
+                file_base: spec.file_offset,
+                plan,
+                direct,
+                align,
+                mapped,
+                first,
+                asked: spec.len,
+                want,
+                short_end: AtomicU64::new(u64::MAX),
+            });
+        }
+        let mut report = Report::default();
+        let workers = s.threads.min(pieces);
         let job = Job {
-            src,
-            dest,
-            dest_base: mem_offset,
-            file_base: file_offset,
-            plan,
+            parts,
+            pieces,
             mode: if auto { PageCache::Auto } else { mode },
-            direct,
-            align,
-            mapped,
             next: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
-            short_end: AtomicU64::new(u64::MAX),
         };
-        let mut lanes: Vec<Option<B::Lane>> = {
-            let mut pool = lock(&self.lanes);
-            (0..workers).map(|_| pool.pop()).collect()
-        };
-        let results: Vec<(Option<B::Lane>, Result<Tally>)> = std::thread::scope(|scope| {
-            let job = &job;
-            let mut handles = Vec::with_capacity(workers - 1);
-            let mine = lanes.pop().flatten();
-            for lane in lanes.drain(..) {
-                handles.push(scope.spawn(move || self.worker(job, lane)));
-            }
-            let mut out = vec![self.worker(job, mine)];
-            for h in handles {
-                out.push(h.join().unwrap_or_else(|_| {
-                    (
-                        None,
-                        Err(Error::Worker {
-                            what: "a compat worker panicked",
-                        }),
-                    )
-                }));
-            }
-            out
-        });
-        let mut first_err = None;
-        {
-            let mut pool = lock(&self.lanes);
-            for (lane, r) in results {
-                pool.extend(lane);
-                match r {
-                    Ok(t) => {
-                        report.direct_bytes += t.direct;
-                        report.buffered_bytes += t.buffered;
-                        report.mapped_bytes += t.mapped;
-                        report.registered_bytes += t.registered;
-                        report.ios += t.ios;
-                        report.latencies_ns.extend(t.latencies);
-                    }
-                    Err(e) => {
-                        first_err.get_or_insert(e);
+        if workers > 0 {
+            let mut lanes: Vec<Option<B::Lane>> = {
+                let mut pool = lock(&self.lanes);
+                (0..workers).map(|_| pool.pop()).collect()
+            };
+            let results: Vec<(Option<B::Lane>, Result<Tally>)> = std::thread::scope(|scope| {
+                let job = &job;
+                let mut handles = Vec::with_capacity(workers - 1);
+                let mine = lanes.pop().flatten();
+                for lane in lanes.drain(..) {
+                    handles.push(scope.spawn(move || self.worker(job, lane)));
+                }
+                let mut out = vec![self.worker(job, mine)];
+                for h in handles {
+                    out.push(h.join().unwrap_or_else(|_| {
+                        (
+                            None,
+                            Err(Error::Worker {
+                                what: "a compat worker panicked",
+                            }),
+                        )
+                    }));
+                }
+                out
+            });
+            let mut first_err = None;
+            {
+                let mut pool = lock(&self.lanes);
+                for (lane, r) in results {
+                    pool.extend(lane);
+                    match r {
+                        Ok(t) => {
+                            report.direct_bytes += t.direct;
+                            report.buffered_bytes += t.buffered;
+                            report.mapped_bytes += t.mapped;
+                            report.registered_bytes += t.registered;
+                            report.ios += t.ios;
+                            report.latencies_ns.extend(t.latencies);
+                        }
+                        Err(e) => {
+                            first_err.get_or_insert(e);
+                        }
                     }
                 }
             }
-        }
-        drop(job.mapped);
-        self.trim_maps();
-        if let Some(e) = first_err {
-            return Err(e);
+            if let Some(e) = first_err {
+                drop(job);
+                self.trim_maps();
+                return Err(e);
+            }
         }
         report.threads = workers;
-        let short = job.short_end.load(Ordering::Relaxed);
-        report.bytes = want.min(short.saturating_sub(file_offset));
-        report.eof |= report.bytes < want;
-        if report.bytes < want {
-            // The file shrank under the read: only the bytes before its new end count.
-            let over = want - report.bytes;
-            report.direct_bytes = report.direct_bytes.saturating_sub(over);
-            report.buffered_bytes = report.buffered_bytes.saturating_sub(over);
+        let mut each = Vec::with_capacity(job.parts.len());
+        for part in &job.parts {
+            let short = part.short_end.load(Ordering::Relaxed);
+            let bytes = part.want.min(short.saturating_sub(part.file_base));
+            if bytes < part.want {
+                // The file shrank under the read: only the bytes before its new end count.
+                let over = part.want - bytes;
+                report.direct_bytes = report.direct_bytes.saturating_sub(over);
+                report.buffered_bytes = report.buffered_bytes.saturating_sub(over);
+            }
+            report.bytes += bytes;
+            let eof = bytes < part.asked;
+            report.eof |= eof;
+            each.push(SegmentRead { bytes, eof });
         }
-        Ok(report)
+        drop(job);
+        self.trim_maps();
+        Ok((report, each))
     }
 
     /// One worker: claims pieces until none is left or a worker failed.
@@ -784,10 +999,11 @@ impl<B: Backend> CompatEngine<B> {
         let mut r = Ok(());
         while !job.failed.load(Ordering::Relaxed) {
             let i = job.next.fetch_add(1, Ordering::Relaxed);
-            if i >= job.plan.pieces() {
+            if i >= job.pieces {
                 break;
             }
-            r = self.piece(job, &mut lane, &mut tally, &mut slot, job.plan.piece(i));
+            let (part, piece) = job.piece(i);
+            r = self.piece(job, part, &mut lane, &mut tally, &mut slot, piece);
             if r.is_err() {
                 job.failed.store(true, Ordering::Relaxed);
                 break;
@@ -801,26 +1017,27 @@ impl<B: Backend> CompatEngine<B> {
     fn piece<I: Input>(
         &self,
         job: &Job<'_, I, B::Dest>,
+        part: &Part<'_, I, B::Dest>,
         lane: &mut B::Lane,
         tally: &mut Tally,
         slot: &mut usize,
         piece: Range<u64>,
     ) -> Result<()> {
-        if let Some(mf) = &job.mapped {
-            let cached = job.mode != PageCache::Auto || job.src.resident(piece.clone());
-            if cached && self.send_mapped(job, mf, lane, tally, piece.clone())? {
+        if let Some(mf) = &part.mapped {
+            let cached = job.mode != PageCache::Auto || part.src.resident(piece.clone());
+            if cached && self.send_mapped(job, part, mf, lane, tally, piece.clone())? {
                 return Ok(());
             }
         }
         let buffers = self.settings.buffers();
-        for task in job.plan.tasks(piece) {
+        for task in part.plan.tasks(piece) {
             let how = match job.mode {
                 PageCache::Buffered | PageCache::Mapped => How::Buffered,
                 PageCache::Direct => How::Direct,
-                PageCache::Auto if job.src.resident(task.want.clone()) => How::Buffered,
+                PageCache::Auto if part.src.resident(task.want.clone()) => How::Buffered,
                 PageCache::Auto => How::Direct,
             };
-            let how = if job.direct && job.src.direct_io() {
+            let how = if part.direct && part.src.direct_io() {
                 how
             } else {
                 How::Buffered
@@ -833,7 +1050,7 @@ impl<B: Backend> CompatEngine<B> {
             *slot = (*slot + 1) % buffers;
             let buf = lane.buffer(b, (range.end - range.start) as usize)?;
             let t0 = self.settings.latencies.then(Instant::now);
-            let (got, how) = read_full(job.src, buf, range.start, how, job.align)?;
+            let (got, how) = read_full(part.src, buf, range.start, how, part.align)?;
             if let Some(t0) = t0 {
                 tally.latencies.push(t0.elapsed().as_nanos() as u64);
             }
@@ -843,18 +1060,18 @@ impl<B: Backend> CompatEngine<B> {
             if copy_end > task.want.start {
                 let n = copy_end - task.want.start;
                 let from = (task.want.start - range.start) as usize;
-                let off = job.dest_base + (task.want.start - job.file_base);
-                // SAFETY: `job.dest` is the caller's memory, borrowed mutably for the whole
+                let off = part.dest_base + (task.want.start - part.file_base);
+                // SAFETY: `part.dest` is the caller's memory, borrowed mutably for the whole
                 // read, which waits for every lane's `finish`; tasks are disjoint, so no other
                 // copy writes this range.
-                unsafe { lane.send(b, from..from + n as usize, job.dest, off) }?;
+                unsafe { lane.send(b, from..from + n as usize, part.dest, off) }?;
                 match how {
                     How::Direct => tally.direct += n,
                     How::Buffered => tally.buffered += n,
                 }
             }
             if valid_end < task.want.end {
-                job.short_end
+                part.short_end
                     .fetch_min(valid_end.max(task.want.start), Ordering::Relaxed);
                 break;
             }
@@ -867,6 +1084,7 @@ impl<B: Backend> CompatEngine<B> {
     fn send_mapped<I: Input>(
         &self,
         job: &Job<'_, I, B::Dest>,
+        part: &Part<'_, I, B::Dest>,
         mf: &MappedFile,
         lane: &mut B::Lane,
         tally: &mut Tally,
@@ -885,7 +1103,7 @@ impl<B: Backend> CompatEngine<B> {
                 let range = c * MAP_CHUNK..((c + 1) * MAP_CHUNK).min(size);
                 // Registering pages that are not cached would read them from disk, one
                 // thread at a time: under `Auto` those go by direct I/O instead.
-                if job.mode == PageCache::Auto && !job.src.resident(range.clone()) {
+                if job.mode == PageCache::Auto && !part.src.resident(range.clone()) {
                     return Ok(false);
                 }
                 *state = match mf.map.pages(range) {
@@ -911,10 +1129,10 @@ impl<B: Backend> CompatEngine<B> {
             let Some(p) = mf.map.at(at) else {
                 return Ok(false);
             };
-            let off = job.dest_base + (at - job.file_base);
+            let off = part.dest_base + (at - part.file_base);
             // SAFETY: as for `send` in `read_task`; `p..p + (end - at)` lies in the chunk
             // registered above, which stays registered while this read holds `mf`.
-            unsafe { lane.send_mapped(p, (end - at) as usize, job.dest, off) }?;
+            unsafe { lane.send_mapped(p, (end - at) as usize, part.dest, off) }?;
             tally.ios += 1;
             tally.mapped += end - at;
             at = end;

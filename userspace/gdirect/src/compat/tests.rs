@@ -679,3 +679,114 @@ fn a_changed_file_leaves_no_stale_mapping_in_the_cache() {
         "the old file's mapping was released"
     );
 }
+
+#[test]
+fn a_vectored_read_fills_each_segment_from_its_own_file() {
+    let a = TempFile::new("vec-a", 3 << 20, 21);
+    let b = TempFile::new("vec-b", (1 << 20) + 777, 22);
+    let (sa, sb) = (
+        Source::open(&a.path).expect("open"),
+        Source::open(&b.path).expect("open"),
+    );
+    for mode in [
+        PageCache::Direct,
+        PageCache::Buffered,
+        PageCache::Mapped,
+        PageCache::Auto,
+    ] {
+        for threads in [1, 3] {
+            let e = engine(threads, 256 << 10, mode);
+            let mut mem = vec![0xa5u8; 6 << 20];
+            let segs = [
+                Segment {
+                    src: &sa,
+                    file_offset: 4096,
+                    len: 2 << 20,
+                    mem_offset: 0,
+                },
+                Segment {
+                    src: &sb,
+                    file_offset: 0,
+                    len: 2 << 20,
+                    mem_offset: 3 << 20,
+                },
+                Segment {
+                    src: &sa,
+                    file_offset: 77,
+                    len: 1000,
+                    mem_offset: (2 << 20) + 5,
+                },
+            ];
+            let (r, each) = e.read_vectored(&mut mem[..], &segs).expect("read");
+            let b_len = b.data.len() as u64;
+            assert_eq!(
+                each,
+                [
+                    SegmentRead {
+                        bytes: 2 << 20,
+                        eof: false
+                    },
+                    SegmentRead {
+                        bytes: b_len,
+                        eof: true
+                    },
+                    SegmentRead {
+                        bytes: 1000,
+                        eof: false
+                    },
+                ],
+                "{mode:?} threads {threads}"
+            );
+            assert_eq!((r.bytes, r.eof), ((2 << 20) + b_len + 1000, true));
+            assert!(mem[..2 << 20] == a.data[4096..4096 + (2 << 20)], "{mode:?}");
+            assert!(
+                mem[(2 << 20) + 5..(2 << 20) + 1005] == a.data[77..1077],
+                "{mode:?}"
+            );
+            assert!(
+                mem[3 << 20..(3 << 20) + b.data.len()] == b.data[..],
+                "{mode:?}"
+            );
+            // Nothing else was written: the gaps keep their poison.
+            assert!(mem[(2 << 20)..(2 << 20) + 5].iter().all(|&x| x == 0xa5));
+            assert!(mem[(3 << 20) + b.data.len()..].iter().all(|&x| x == 0xa5));
+        }
+    }
+}
+
+#[test]
+fn overlapping_or_oversized_segments_are_refused_before_any_io() {
+    let a = TempFile::new("vec-bad", 1 << 20, 23);
+    let sa = Source::open(&a.path).expect("open");
+    let e = engine(2, 256 << 10, PageCache::Buffered);
+    let mut mem = vec![0u8; 1 << 20];
+    let overlap = [
+        Segment {
+            src: &sa,
+            file_offset: 0,
+            len: 4096,
+            mem_offset: 0,
+        },
+        Segment {
+            src: &sa,
+            file_offset: 0,
+            len: 4096,
+            mem_offset: 4095,
+        },
+    ];
+    let err = e
+        .read_vectored(&mut mem[..], &overlap)
+        .expect_err("overlap");
+    assert!(err.to_string().contains("do not overlap"), "{err}");
+    let past = [Segment {
+        src: &sa,
+        file_offset: 0,
+        len: 4096,
+        mem_offset: (1 << 20) - 100,
+    }];
+    assert!(matches!(
+        e.read_vectored(&mut mem[..], &past),
+        Err(Error::OutOfMemoryRange { .. })
+    ));
+    assert!(mem.iter().all(|&x| x == 0), "nothing was written");
+}
