@@ -247,6 +247,9 @@ impl File {
     }
 }
 
+/// The report of a `read_many`, and each range's `(bytes, eof)`.
+type ManyRead<'py> = (Bound<'py, PyDict>, Vec<(u64, bool)>);
+
 /// Reads many ranges at once, with one set of workers taking their pieces in turn (a sharded
 /// checkpoint): `reads` is a list of `(file, address, length, file_offset)`, all into host
 /// memory (`cuda=False`) or all into device memory of one GPU (`cuda=True`, each range checked
@@ -258,7 +261,7 @@ fn read_many<'py>(
     py: Python<'py>,
     reads: Vec<(Py<File>, u64, u64, u64)>,
     cuda: bool,
-) -> PyResult<(Bound<'py, PyDict>, Vec<(u64, bool)>)> {
+) -> PyResult<ManyRead<'py>> {
     let mut ranges: Vec<(u64, u64)> = reads.iter().map(|r| (r.1, r.2)).collect();
     ranges.sort_unstable();
     if ranges
