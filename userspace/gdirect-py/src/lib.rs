@@ -151,6 +151,22 @@ fn report<'py>(
     Ok(d)
 }
 
+/// The GPU of `len` bytes of device memory at `ptr`, checked to lie in one allocation the
+/// CUDA driver knows: a range past the allocation's end is refused, not written.
+fn device_range(ptr: u64, len: u64) -> PyResult<usize> {
+    let alloc = DeviceAllocation::of(ptr).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    if ptr
+        .checked_add(len)
+        .is_none_or(|end| end > alloc.start + alloc.size)
+    {
+        return Err(PyValueError::new_err(format!(
+            "{len} bytes at {ptr:#x} run past the end of their CUDA allocation ({:#x}, {} bytes)",
+            alloc.start, alloc.size
+        )));
+    }
+    Ok(alloc.ordinal)
+}
+
 /// A file opened for reading (kept open: open once, read many times).
 #[pyclass(module = "gdirect._native", frozen)]
 struct File {
@@ -218,16 +234,8 @@ impl File {
         len: u64,
         file_offset: u64,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let alloc = DeviceAllocation::of(ptr).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let end = ptr.checked_add(len);
-        if end.is_none_or(|end| end > alloc.start + alloc.size) {
-            return Err(PyValueError::new_err(format!(
-                "{len} bytes at {ptr:#x} run past the end of their CUDA allocation \
-                 ({:#x}, {} bytes)",
-                alloc.start, alloc.size
-            )));
-        }
-        let engine = cuda_engine(alloc.ordinal)?;
+        let ordinal = device_range(ptr, len)?;
+        let engine = cuda_engine(ordinal)?;
         let t0 = Instant::now();
         let r = py
             .allow_threads(|| {
@@ -241,7 +249,7 @@ impl File {
         report(
             py,
             &r,
-            &format!("cuda:{}", alloc.ordinal),
+            &format!("cuda:{ordinal}"),
             t0.elapsed().as_secs_f64(),
         )
     }
@@ -281,22 +289,13 @@ fn read_many<'py>(
             if len == 0 {
                 continue;
             }
-            let alloc =
-                DeviceAllocation::of(ptr).map_err(|e| PyValueError::new_err(e.to_string()))?;
-            if ptr
-                .checked_add(len)
-                .is_none_or(|end| end > alloc.start + alloc.size)
-            {
-                return Err(PyValueError::new_err(format!(
-                    "{len} bytes at {ptr:#x} run past the end of their CUDA allocation"
-                )));
-            }
-            if ordinal.is_some_and(|o| o != alloc.ordinal) {
+            let o = device_range(ptr, len)?;
+            if ordinal.is_some_and(|prev| prev != o) {
                 return Err(PyValueError::new_err(
                     "read_many's destinations are on more than one GPU: one call per GPU",
                 ));
             }
-            ordinal = Some(alloc.ordinal);
+            ordinal = Some(o);
         }
     }
     let t0 = Instant::now();

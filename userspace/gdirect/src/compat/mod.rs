@@ -653,10 +653,14 @@ impl CompatEngine<HostBackend> {
         file_offset: u64,
         n: u64,
     ) -> Result<Report> {
-        let dest = host::HostDest::from_raw(ptr, len);
-        let r = self.read_input(src, dest, mem_offset, file_offset, n);
-        count(r.as_ref().ok());
-        r
+        let seg = Segment {
+            src,
+            file_offset,
+            len: n,
+            mem_offset,
+        };
+        // SAFETY: the caller's promise, for the one segment.
+        unsafe { self.read_host_ptrs(&[seg], &[(ptr, len)]) }.map(|(r, _)| r)
     }
 
     /// [`CompatEngine::read_vectored`] into host memory no Rust reference may cover: segment
@@ -672,21 +676,11 @@ impl CompatEngine<HostBackend> {
         segments: &[Segment<'_>],
         ptrs: &[(*mut u8, u64)],
     ) -> Result<(Report, Vec<SegmentRead>)> {
-        one_destination_each(segments.len(), ptrs.len())?;
-        let specs = segments
+        let dests = ptrs
             .iter()
-            .zip(ptrs)
-            .map(|(s, &(ptr, len))| PartSpec {
-                src: s.src,
-                dest: host::HostDest::from_raw(ptr, len),
-                mem_offset: s.mem_offset,
-                file_offset: s.file_offset,
-                len: s.len,
-            })
+            .map(|&(p, l)| host::HostDest::from_raw(p, l))
             .collect();
-        let r = self.read_parts(specs);
-        count(r.as_ref().ok().map(|(report, _)| report));
-        r
+        self.read_segments(segments, dests)
     }
 }
 
@@ -710,12 +704,14 @@ impl CompatEngine<CudaBackend> {
         file_offset: u64,
         n: u64,
     ) -> Result<Report> {
-        let _entered = self.backend.enter_thread()?;
-        self.backend.synchronize()?;
-        let dest = cuda::CudaDest::from_raw(ptr, len);
-        let r = self.read_input(src, dest, mem_offset, file_offset, n);
-        count(r.as_ref().ok());
-        r
+        let seg = Segment {
+            src,
+            file_offset,
+            len: n,
+            mem_offset,
+        };
+        // SAFETY: the caller's promise, for the one segment.
+        unsafe { self.read_device_ptrs(&[seg], &[(ptr, len)]) }.map(|(r, _)| r)
     }
 
     /// [`CompatEngine::read_vectored`] into device memory that another library allocated:
@@ -731,23 +727,13 @@ impl CompatEngine<CudaBackend> {
         segments: &[Segment<'_>],
         ptrs: &[(u64, u64)],
     ) -> Result<(Report, Vec<SegmentRead>)> {
-        one_destination_each(segments.len(), ptrs.len())?;
         let _entered = self.backend.enter_thread()?;
         self.backend.synchronize()?;
-        let specs = segments
+        let dests = ptrs
             .iter()
-            .zip(ptrs)
-            .map(|(s, &(ptr, len))| PartSpec {
-                src: s.src,
-                dest: cuda::CudaDest::from_raw(ptr, len),
-                mem_offset: s.mem_offset,
-                file_offset: s.file_offset,
-                len: s.len,
-            })
+            .map(|&(p, l)| cuda::CudaDest::from_raw(p, l))
             .collect();
-        let r = self.read_parts(specs);
-        count(r.as_ref().ok().map(|(report, _)| report));
-        r
+        self.read_segments(segments, dests)
     }
 }
 
@@ -810,9 +796,20 @@ impl<B: Backend> CompatEngine<B> {
         let _entered = self.backend.enter_thread()?;
         self.backend.before_read(memory)?;
         let dest = B::dest(memory);
+        self.read_segments(segments, vec![dest; segments.len()])
+    }
+
+    /// Reads segment `i` into `dests[i]`, counted in the process's statistics.
+    fn read_segments(
+        &self,
+        segments: &[Segment<'_>],
+        dests: Vec<B::Dest>,
+    ) -> Result<(Report, Vec<SegmentRead>)> {
+        one_destination_each(segments.len(), dests.len())?;
         let specs = segments
             .iter()
-            .map(|s| PartSpec {
+            .zip(dests)
+            .map(|(s, dest)| PartSpec {
                 src: s.src,
                 dest,
                 mem_offset: s.mem_offset,
