@@ -128,3 +128,22 @@ def test_safetensors_load_equals_load_file(tmp_path):
         assert torch.equal(f.get_tensor("bf16"), want["bf16"])
     cpu = gst.load(path, device="cpu")
     assert torch.equal(cpu["bf16"], want["bf16"].cpu())
+
+
+def test_a_sharded_load_in_one_call_equals_load_file(tmp_path):
+    import safetensors.torch as stt
+
+    g = torch.Generator().manual_seed(9)
+    want = {}
+    files = []
+    for i in range(3):
+        part = {f"s{i}.w{j}": torch.randn(100 + j, 7, generator=g).to(torch.bfloat16) for j in range(5)}
+        part[f"s{i}.odd"] = torch.arange(5 + i, dtype=torch.uint8)
+        f = tmp_path / f"shard-{i}.safetensors"
+        stt.save_file(part, str(f))
+        files.append(f)
+        want.update(stt.load_file(str(f), device="cuda:0"))
+    got = gst.load(files, device="cuda:0")
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
