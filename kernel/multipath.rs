@@ -145,10 +145,10 @@ struct Walk {
 unsafe extern "C" fn visit(dev: *mut bindings::device, data: *mut c_void) -> c_int {
     // SAFETY: see the function's safety section.
     let walk = unsafe { &mut *data.cast::<Walk>() };
-    // SAFETY: `dev` is a registered block-class device, and so is the head: a device of the
-    // disk type is a whole disk's (partitions have their own type), embedded in its
-    // `block_device`, whose disk it keeps; the head's `multipath` group links a path under the
-    // path's own name, and the lookup's reference is put at once.
+    // A device of the disk type is a whole disk's (partitions have their own type), embedded in
+    // its `block_device`, whose disk it keeps; the head's `multipath` group links a path under
+    // the path's own name, and the lookup's reference is put at once.
+    // SAFETY: `dev` is a registered block-class device, and so is the head (see above).
     let disk = unsafe {
         if (*dev).type_ != (*walk.head).type_ {
             return 0;

@@ -62,8 +62,13 @@ pub struct HostDest {
 }
 
 impl HostDest {
-    /// `len` bytes at `ptr` (whose validity the caller of the read vouches for).
-    pub(crate) fn from_raw(ptr: *mut u8, len: u64) -> Self {
+    /// `len` bytes at `ptr`, for a read to write.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + len` is writable memory of this process that stays allocated, and that no
+    /// Rust reference covers, for as long as a read may write through the value.
+    pub(crate) unsafe fn from_raw(ptr: *mut u8, len: u64) -> Self {
         Self {
             ptr: NonNull::new(ptr).unwrap_or(NonNull::dangling()),
             len,

@@ -678,7 +678,10 @@ impl CompatEngine<HostBackend> {
     ) -> Result<(Report, Vec<SegmentRead>)> {
         let dests = ptrs
             .iter()
-            .map(|&(p, l)| host::HostDest::from_raw(p, l))
+            .map(|&(p, l)| {
+                // SAFETY: the caller's promise for each destination (this function's contract).
+                unsafe { host::HostDest::from_raw(p, l) }
+            })
             .collect();
         self.read_segments(segments, dests)
     }
