@@ -26,26 +26,36 @@ left() {
 
 self=$$
 keep=" 1 $self $* "
-# The runner's own subshells are forks of PID 1, with its command line.
-init_cmd=$(tr '\0' ' ' </proc/1/cmdline)
-# User processes: everything with a command line that is not ours. Kernel threads have none.
+# User processes: everything with a command line but the runner's own, listed by one `ps`
+# and read with shell builtins (a fork per process costs seconds on the debug kernel), into
+# $plist. Kernel threads and zombies have no command line (ps shows their name in
+# brackets); the runner's subshells are forks of PID 1, with its command line; `ps` is a
+# child of this script (procs runs in this shell, never in a subshell).
+plist=/tmp/.leftovers-procs
 procs() {
-	for p in /proc/[0-9]*; do
-		pid=${p#/proc/}
+	ps -o pid,ppid,args >/tmp/.leftovers-ps 2>/dev/null
+	init_cmd=
+	while read -r pid ppid cmd; do
+		case "$pid" in '' | *[!0-9]*) continue ;; esac
+		[ "$pid" = 1 ] && init_cmd=$cmd
 		case "$keep" in *" $pid "*) continue ;; esac
-		ppid=$(sed -n 's/^PPid:[[:space:]]*//p' "$p/status" 2>/dev/null)
 		[ "$ppid" = "$self" ] && continue
-		cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline")
-		[ -n "$cmd" ] && [ "$cmd" != "$init_cmd" ] && echo "$pid $cmd"
-	done
+		case "$cmd" in '' | '['*) continue ;; esac
+		[ "$cmd" = "$init_cmd" ] || echo "$pid $cmd"
+	done </tmp/.leftovers-ps >"$plist"
 }
-stray=$(procs)
-if [ -n "$stray" ]; then
-	left "processes still running: $(echo "$stray" | head -n 5 | tr '\n' ';')"
-	for pid in $(echo "$stray" | cut -d' ' -f1); do kill -9 "$pid" 2>/dev/null; done
+procs
+if [ -s "$plist" ]; then
+	left "processes still running: $(head -n 5 "$plist" | tr '\n' ';')"
+	for pid in $(cut -d' ' -f1 "$plist"); do kill -9 "$pid" 2>/dev/null; done
 	i=0
-	while [ -n "$(procs)" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-	[ -n "$(procs)" ] && left "processes that survive SIGKILL: $(procs | head -n 5 | tr '\n' ';')"
+	procs
+	while [ -s "$plist" ] && [ $i -lt 50 ]; do
+		sleep 0.1
+		i=$((i + 1))
+		procs
+	done
+	[ -s "$plist" ] && left "processes that survive SIGKILL: $(head -n 5 "$plist" | tr '\n' ';')"
 fi
 
 # With no process left, every registration is released: any that remains was lost.
@@ -57,10 +67,13 @@ fi
 # Fault injection the test switched on stays on for the next one: switch it off.
 for f in /sys/kernel/debug/fail_make_request /sys/kernel/debug/failslab /sys/kernel/debug/fail_page_alloc; do
 	[ -f "$f/probability" ] || continue
-	[ "$(cat "$f/probability")" = 0 ] || { left "fault injection on: $(basename "$f")"; echo 0 >"$f/probability"; }
+	read -r v <"$f/probability"
+	[ "$v" = 0 ] || { left "fault injection on: ${f##*/}"; echo 0 >"$f/probability"; }
 done
 for f in /sys/block/*/make-it-fail; do
-	[ -f "$f" ] && [ "$(cat "$f")" != 0 ] && { left "make-it-fail set: $f"; echo 0 >"$f"; }
+	[ -f "$f" ] || continue
+	read -r v <"$f"
+	[ "$v" = 0 ] || { left "make-it-fail set: $f"; echo 0 >"$f"; }
 done
 
 # Mounts of anything but the runner's own file systems.
@@ -72,7 +85,7 @@ done | grep . && found=1
 # NVMe-oF: host controllers over a fabric, the target's configfs objects, rxe, veth.
 for c in /sys/class/nvme/nvme*; do
 	[ -f "$c/transport" ] || continue
-	t=$(cat "$c/transport")
+	read -r t <"$c/transport"
 	[ "$t" = pcie ] && continue
 	left "NVMe-oF controller $(basename "$c") ($t) connected to $(cat "$c/subsysnqn")"
 	nvme disconnect -d "$(basename "$c")" >/dev/null 2>&1
