@@ -5,7 +5,9 @@
 #  paths:   4 KiB random and 1 MiB sequential reads from the NVMe under the GPU's
 #           switch - gdirect P2P into (emulated) GPU memory, gdirect forced
 #           through the bounce pool, plain O_DIRECT pread into host memory - at
-#           queue depth 1 and 32.
+#           queue depth 1 and 32, in BENCH_ROUNDS rounds whose order of the modes
+#           alternates (the emulated CPU's speed drifts during a run: a mode
+#           always measured first or last would carry that drift).
 #  fabrics: the same reads at queue depth 32 from the same namespace locally,
 #           over NVMe-oF/RDMA (soft-RoCE) and over NVMe-oF/TCP, gdirect into GPU
 #           memory (the path the module picks) and pread into host memory.
@@ -22,6 +24,7 @@ _load_all || { echo "cannot load the modules"; exit 1; }
 dev=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || exit 1
 RAND=${BENCH_RAND_OPS:-4000}
 SEQ=${BENCH_SEQ_OPS:-512}
+ROUNDS=${BENCH_ROUNDS:-5}
 
 for pattern in rand4k seq1m; do
 	case $pattern in
@@ -29,8 +32,15 @@ for pattern in rand4k seq1m; do
 	seq1m) ops=$SEQ ;;
 	esac
 	for qd in 1 32; do
-		for mode in p2p bounce pread; do
-			echo "bench: section=paths where=local $(gdirect-iobench "$dev" $mode $pattern $ops $qd)" || exit 1
+		round=1
+		while [ $round -le "$ROUNDS" ]; do
+			modes="p2p bounce pread"
+			[ $((round % 2)) -eq 0 ] && modes="pread bounce p2p"
+			for mode in $modes; do
+				r=$(gdirect-iobench "$dev" $mode $pattern $ops $qd) || exit 1
+				echo "bench: section=paths where=local round=$round $r"
+			done
+			round=$((round + 1))
 		done
 	done
 done
