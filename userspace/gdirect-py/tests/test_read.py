@@ -185,3 +185,48 @@ def test_many_ranges_of_several_files_in_one_call(data_file, tmp_path):
             [(gdirect.File(path)._f, ta.ptr, 100, 0), (gdirect.File(path)._f, ta.ptr + 50, 100, 0)],
             False,
         )
+
+
+class DLPackOnly:
+    """What JAX and TensorFlow arrays offer: DLPack and nothing else (no buffer protocol)."""
+
+    def __init__(self, array, device=None):
+        self.array = array
+        self.device = device
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.device or self.array.__dlpack_device__()
+
+
+def test_a_dlpack_destination_of_any_dtype_and_shape(data_file):
+    path, data = data_file
+    f = gdirect.File(path)
+    a = np.full((64, 32), -1, dtype=np.int32)
+    r = f.read(DLPackOnly(a), file_offset=333)
+    assert r.bytes == a.nbytes == 8192 and r.memory == "host"
+    assert a.tobytes() == data[333 : 333 + 8192]
+    # A view that starts inside its base: DLPack's data pointer and byte offset, both honoured.
+    base = np.full(4096, POISON, dtype=np.uint8)
+    f.read(DLPackOnly(base[1000:2000]), file_offset=5)
+    assert base[1000:2000].tobytes() == data[5:1005]
+    assert (base[:1000] == POISON).all() and (base[2000:] == POISON).all()
+    # Nothing to read: an empty array.
+    assert f.read(DLPackOnly(np.zeros((0, 3), np.float64))).bytes == 0
+
+
+def test_dlpack_destinations_that_cannot_be_written_are_refused(data_file):
+    path, _ = data_file
+    f = gdirect.File(path)
+    strided = np.zeros((8, 8), dtype=np.uint16)[:, :4]
+    with pytest.raises(ValueError, match="contiguous"):
+        f.read(DLPackOnly(strided))
+    ro = np.zeros(64, dtype=np.uint8)
+    ro.setflags(write=False)
+    # The producer refuses to export it (DLPack itself cannot say "read-only").
+    with pytest.raises(BufferError):
+        f.read(DLPackOnly(ro))
+    with pytest.raises(ValueError, match="device type is 4"):
+        f.read(DLPackOnly(np.zeros(64, np.uint8), device=(4, 0)))

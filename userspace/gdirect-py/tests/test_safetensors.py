@@ -164,3 +164,65 @@ def test_bad_devices_and_frameworks_are_value_errors(tmp_path):
         gst.load(path, device="cpu", framework="tf")
     with pytest.raises(ValueError, match="use device='cpu'"):
         gst.load(path, device="cuda:0", framework="numpy")
+
+
+def layered(tmp_path):
+    """A two-shard checkpoint named like a transformer's: the layers, then the head."""
+    rng = np.random.default_rng(7)
+    t = {f"model.layers.{i}.w": rng.standard_normal((16, 8)).astype(np.float32) for i in range(12)}
+    t["model.embed"] = rng.standard_normal((4, 8)).astype(np.float16)
+    t["lm_head.weight"] = rng.standard_normal((8, 8)).astype(np.float32)
+    t["lm_head.empty"] = np.zeros((0,), np.int8)
+    names = sorted(t)
+    files = []
+    for i, part in enumerate((names[:7], names[7:])):
+        p = tmp_path / f"m-{i}.safetensors"
+        stnp.save_file({k: t[k] for k in part}, str(p))
+        files.append(p)
+    return files, t
+
+
+def test_a_device_map_onto_the_cpu_equals_the_whole_load(tmp_path):
+    files, want = layered(tmp_path)
+    for device_map in ({"": "cpu"}, {"model": "cpu", "lm_head": "cpu"}):
+        same(gst.load(files, framework="numpy", device_map=device_map), want)
+
+
+def test_device_map_keys_match_whole_names_at_dots_and_the_longest_wins(tmp_path):
+    files, _ = layered(tmp_path)
+    headers = [gst.read_header(p) for p in files]
+    place = gst._placement(headers, None, {"model.layers.1": "cuda:1", "model": 0, "": "cpu",
+                                           "lm_head.weight": "cuda:2"})
+    assert place["model.layers.1.w"] == ("cuda", 1)
+    assert place["model.layers.10.w"] == ("cuda", 0)  # "model.layers.1" is not its prefix
+    assert place["model.embed"] == ("cuda", 0)
+    assert place["lm_head.weight"] == ("cuda", 2)
+    assert place["lm_head.empty"] == ("cpu", -1)
+    # Tensors next to each other on one device are read together; a change of device cuts.
+    runs = gst._runs(headers, place)
+    assert all(len({place[t.name] for t in r.tensors}) == 1 for r in runs)
+    assert sum(len(r.tensors) for r in runs) == len(place) - 1  # the empty one is not read
+
+
+def test_device_map_auto_cuts_the_checkpoint_into_runs_of_equal_bytes(tmp_path):
+    files, _ = layered(tmp_path)
+    headers = [gst.read_header(p) for p in files]
+    place = gst._auto_split(headers, 3)
+    order = [place[t.name][1] for h in headers for t in h.tensors]
+    assert order == sorted(order) and set(order) == {0, 1, 2}  # contiguous runs, every GPU
+    size = {t.name: t.end - t.start for h in headers for t in h.tensors}
+    per_gpu = [sum(size[n] for n, d in place.items() if d[1] == g) for g in range(3)]
+    assert max(per_gpu) - min(per_gpu) <= 2 * max(size.values())
+
+
+def test_bad_device_maps_are_value_errors(tmp_path, monkeypatch):
+    files, _ = layered(tmp_path)
+    with pytest.raises(ValueError, match="'lm_head.weight' .* matches no key"):
+        gst.load(files, framework="numpy", device_map={"model": "cpu"})
+    with pytest.raises(ValueError, match=r"device_map\['model'\]: device 'gpu'"):
+        gst.load(files, framework="numpy", device_map={"model": "gpu", "": "cpu"})
+    with pytest.raises(ValueError, match="expected 'auto' or a dict"):
+        gst.load(files, framework="numpy", device_map="balanced")
+    monkeypatch.setattr(gst, "_gpu_count", lambda: 0)
+    with pytest.raises(ValueError, match="found no GPU"):
+        gst.load(files, framework="numpy", device_map="auto")

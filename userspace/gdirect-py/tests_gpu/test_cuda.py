@@ -147,3 +147,55 @@ def test_a_sharded_load_in_one_call_equals_load_file(tmp_path):
     assert set(got) == set(want)
     for k in want:
         assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+
+
+class DLPackOnly:
+    """What JAX offers: DLPack and nothing else."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_dlpack_destinations_on_the_gpu(data_file):
+    path, data = data_file
+    dest = torch.full((70000,), -1, dtype=torch.int16, device="cuda:0")
+    r = gdirect.File(path).read(DLPackOnly(dest), file_offset=77)
+    assert (r.bytes, r.memory) == (140000, "cuda:0")
+    assert torch.equal(dest.cpu().view(torch.uint8), data[77 : 77 + 140000])
+    cupy = pytest.importorskip("cupy")
+    arr = cupy.zeros((100, 10), dtype=cupy.float32)
+    gdirect.File(path).read(DLPackOnly(arr[50:]), file_offset=5)
+    host = cupy.asnumpy(arr).view(np.uint8).reshape(-1)
+    assert (host[:2000] == 0).all() and host[2000:].tobytes() == data[5 : 5 + 2000].numpy().tobytes()
+
+
+def test_a_device_map_over_the_gpu_and_the_cpu(tmp_path):
+    import safetensors.torch as stt
+
+    g = torch.Generator().manual_seed(11)
+    want = {f"model.layers.{i}.w": torch.randn(300, 17, generator=g).to(torch.bfloat16)
+            for i in range(12)}
+    want["model.norm"] = torch.randn(17, generator=g)
+    want["lm_head.weight"] = torch.randn(40, 17, generator=g).to(torch.float16)
+    names = sorted(want)
+    files = []
+    for i, part in enumerate((names[:6], names[6:])):
+        f = tmp_path / f"m-{i}.safetensors"
+        stt.save_file({k: want[k] for k in part}, str(f))
+        files.append(f)
+    got = gst.load(files, device_map={"model.layers": "cuda:0", "lm_head": 0, "": "cpu"})
+    assert set(got) == set(want)
+    for k, w in want.items():
+        on_gpu = k.startswith("model.layers.") or k.startswith("lm_head")
+        assert got[k].device == torch.device("cuda:0" if on_gpu else "cpu"), k
+        assert torch.equal(got[k].cpu(), w), k
+    auto = gst.load(files, device_map="auto")
+    assert {str(t.device) for t in auto.values()} == {f"cuda:{i}" for i in range(torch.cuda.device_count())}
+    for k, w in want.items():
+        assert torch.equal(auto[k].cpu(), w), k

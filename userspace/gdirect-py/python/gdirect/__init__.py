@@ -7,8 +7,9 @@
 Report(bytes=1048576, eof=False, engine='compat', ...)
 
 Destinations are anything that exposes ``__cuda_array_interface__`` (PyTorch CUDA tensors, CuPy
-and Numba arrays), PyTorch CPU tensors, or a writable host buffer (``bytearray``,
-``memoryview``, a NumPy array: anything with the buffer protocol). They must be contiguous.
+and Numba arrays), PyTorch CPU tensors, a writable host buffer (``bytearray``, ``memoryview``,
+a NumPy array: anything with the buffer protocol), or, failing those, DLPack (``__dlpack__``:
+JAX and TensorFlow arrays, on a CUDA GPU or the CPU). They must be contiguous.
 
 Nothing here imports torch, CuPy or NumPy: they are recognised by what they expose.
 """
@@ -95,9 +96,11 @@ def _target(dest: Any) -> _Target:
     try:
         view = memoryview(dest)
     except TypeError:
+        if hasattr(dest, "__dlpack__") and hasattr(dest, "__dlpack_device__"):
+            return _dlpack_target(dest)
         raise TypeError(
             f"cannot read into a {type(dest).__name__}: expected an object with "
-            "__cuda_array_interface__, a tensor, or a writable buffer"
+            "__cuda_array_interface__ or DLPack, a tensor, or a writable buffer"
         ) from None
     if view.readonly:
         raise ValueError(f"the destination {type(dest).__name__} is read-only")
@@ -108,6 +111,67 @@ def _target(dest: Any) -> _Target:
         return _Target("host", 0, 0, view)
     arr = (ctypes.c_char * view.nbytes).from_buffer(view)
     return _Target("host", ctypes.addressof(arr), view.nbytes, (view, arr))
+
+
+# DLPack's C structures (dlpack.h, the unversioned DLManagedTensor of the "dltensor" capsule).
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
+_capsule_valid = ctypes.pythonapi.PyCapsule_IsValid
+_capsule_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_valid.restype = ctypes.c_int
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_pointer.restype = ctypes.c_void_p
+
+
+def _dlpack_target(dest: Any) -> _Target:
+    """A DLPack producer's memory (JAX, TensorFlow, anything with ``__dlpack__``). The capsule is
+    kept for the call and left unconsumed: its destructor gives the tensor back to its producer.
+    DLPack has no read-only flag; producers refuse to export what must not be written."""
+    dev_type, _dev_id = dest.__dlpack_device__()
+    if dev_type not in (_DL_CPU, _DL_CUDA, _DL_CUDA_HOST):
+        raise ValueError(
+            f"the destination's DLPack device type is {dev_type}: expected CPU (1), CUDA (2) "
+            "or CUDA host memory (3)"
+        )
+    capsule = dest.__dlpack__()
+    if not _capsule_valid(capsule, b"dltensor"):
+        raise TypeError("the destination's __dlpack__ did not return a DLPack tensor capsule")
+    t = _DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor")).dl_tensor
+    bits = t.dtype.bits * t.dtype.lanes
+    if bits % 8:
+        raise ValueError(f"the destination's elements are {bits} bits: not whole bytes")
+    shape = [t.shape[i] for i in range(t.ndim)]
+    strides = None if not t.strides else [t.strides[i] * (bits // 8) for i in range(t.ndim)]
+    nbytes = _contiguous_nbytes(shape, strides, bits // 8)
+    ptr = (t.data or 0) + t.byte_offset
+    if nbytes and not ptr:
+        raise ValueError("the destination's DLPack tensor has no data pointer")
+    kind = "cuda" if dev_type == _DL_CUDA else "host"
+    return _Target(kind, ptr if nbytes else 0, nbytes, (dest, capsule))
 
 
 def _index(name: str, value: Any) -> int:

@@ -18,6 +18,7 @@ CuPy arrays on a GPU or NumPy arrays on the CPU (``framework="cupy"`` / ``"numpy
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 from dataclasses import dataclass
@@ -201,7 +202,10 @@ def _files(paths: Union[str, "os.PathLike[str]", Iterable[Any]]) -> List[str]:
     return [os.fspath(p) for p in paths]
 
 
-def _device(device: Any) -> Tuple[str, int]:
+Device = Tuple[str, int]
+
+
+def _device(device: Any) -> Device:
     """``("cpu", -1)`` or ``("cuda", N)``."""
     if isinstance(device, int):
         return "cuda", device
@@ -306,47 +310,181 @@ class _Np:
 
 
 def _backend(framework: Optional[str], device: Any):
-    kind, ordinal = _device(device)
+    return _backend_for(framework, _device(device))
+
+
+def _backend_for(framework: Optional[str], device: Device):
+    kind, ordinal = device
     fw = _framework(framework, kind)
     if fw == "pt":
         return _Pt(kind, ordinal)
     return _Np(kind, ordinal, cupy=fw == "cupy")
 
 
-def _read_files(backend, headers: List[Header]) -> Dict[str, Any]:
-    """Reads every file's data section into a buffer of its own, all in one call of the engine,
-    whose workers take the files' pieces in turn (one set of threads for the whole
-    checkpoint), then makes the tensors."""
-    spans = [max((t.end for t in h.tensors), default=0) for h in headers]
-    blobs = [backend.buffer(span) for span in spans]
-    reads, targets, which = [], [], []
-    for h, span, blob in zip(headers, spans, blobs):
-        if span:
-            t = _target(blob)
-            targets.append(t)
-            reads.append((File(h.path)._f, t.ptr, span, h.data_start))
-            which.append((h, span))
-    if reads:
-        _, each = _native.read_many(reads, targets[0].kind == "cuda")
-        for (h, span), (got, _eof) in zip(which, each):
-            if got != span:
-                raise _bad(h.path, f"truncated: {got} of {span} data bytes could be read")
-    del targets
-    out: Dict[str, Any] = {}
-    for h, blob in zip(headers, blobs):
-        out.update({t.name: backend.view(h.path, blob, t) for t in h.tensors})
+def _gpu_count() -> int:
+    """The GPUs this process sees (through torch or CuPy; 0 without either)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:
+        pass
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount()
+    except (ImportError, RuntimeError):
+        return 0
+
+
+def _auto_split(headers: List[Header], gpus: int) -> Dict[str, Device]:
+    """``device_map="auto"``: the tensors in checkpoint order (file by file, each in its data
+    order) cut into ``gpus`` runs of about equal bytes, run ``i`` on GPU ``i``."""
+    total = sum(t.end - t.start for h in headers for t in h.tensors)
+    out: Dict[str, Device] = {}
+    done = 0
+    for h in headers:
+        for t in h.tensors:
+            n = t.end - t.start
+            # The GPU whose share holds the tensor's middle byte.
+            i = min(gpus - 1, (2 * done + n) * gpus // (2 * total)) if total else 0
+            out[t.name] = ("cuda", i)
+            done += n
     return out
+
+
+def _by_prefix(headers: List[Header], device_map: Dict[str, Any]) -> Dict[str, Device]:
+    """A dict ``device_map``: each tensor on the device of the longest key that is its name, a
+    prefix of it ending at a dot, or ``""`` (every tensor)."""
+    devices = {}
+    for key, dev in device_map.items():
+        if not isinstance(key, str):
+            raise ValueError(f"device_map key {key!r}: expected a tensor name or prefix")
+        try:
+            devices[key] = _device(dev)
+        except ValueError as e:
+            raise ValueError(f"device_map[{key!r}]: {e}") from None
+    out: Dict[str, Device] = {}
+    for h in headers:
+        for t in h.tensors:
+            best = None
+            parts = t.name.split(".")
+            for i in range(len(parts), -1, -1):
+                key = ".".join(parts[:i])
+                if key in devices:
+                    best = key
+                    break
+            if best is None:
+                raise ValueError(
+                    f"tensor {t.name!r} ({h.path}) matches no key of device_map "
+                    "(a key \"\" places every other tensor)"
+                )
+            out[t.name] = devices[best]
+    return out
+
+
+def _placement(headers: List[Header], device: Any, device_map: Any) -> Dict[str, Device]:
+    if device_map is None:
+        d = _device(device)
+        return {t.name: d for h in headers for t in h.tensors}
+    if isinstance(device_map, str):
+        if device_map != "auto":
+            raise ValueError(f"device_map {device_map!r}: expected 'auto' or a dict")
+        gpus = _gpu_count()
+        if gpus == 0:
+            raise ValueError("device_map='auto' found no GPU (through torch or CuPy)")
+        return _auto_split(headers, gpus)
+    if isinstance(device_map, dict):
+        return _by_prefix(headers, device_map)
+    raise ValueError(f"device_map {device_map!r}: expected 'auto' or a dict")
+
+
+@dataclass
+class _Run:
+    """Tensors of one file, next to each other in its data section, bound for one device: read
+    together into one buffer, of which they are views."""
+
+    header: Header
+    device: Device
+    start: int
+    end: int
+    tensors: List[TensorInfo]
+
+
+def _runs(headers: List[Header], place: Dict[str, Device]) -> List[_Run]:
+    runs: List[_Run] = []
+    for h in headers:
+        last: Optional[_Run] = None
+        for t in h.tensors:
+            if t.start == t.end:
+                continue
+            d = place[t.name]
+            if last is not None and last.device == d:
+                last.end = t.end
+                last.tensors.append(t)
+            else:
+                last = _Run(h, d, t.start, t.end, [t])
+                runs.append(last)
+    return runs
+
+
+def _read_runs(backends: Dict[Device, Any], runs: List[_Run]) -> List[Any]:
+    """Reads every run into a buffer of its own on its device: one call of the engine per
+    device (whose workers take the runs' pieces in turn), the devices at once, each on a thread
+    of its own (the engine releases the GIL). Returns the buffers, in the order of ``runs``."""
+    blobs = [backends[r.device].buffer(r.end - r.start) for r in runs]
+    files: Dict[str, File] = {}
+    groups: Dict[Device, List[int]] = {}
+    for i, r in enumerate(runs):
+        groups.setdefault(r.device, []).append(i)
+        if r.header.path not in files:
+            files[r.header.path] = File(r.header.path)
+
+    def read(device: Device, idx: List[int]) -> None:
+        targets = [_target(blobs[i]) for i in idx]
+        reads = [
+            (files[runs[i].header.path]._f, t.ptr, runs[i].end - runs[i].start,
+             runs[i].header.data_start + runs[i].start)
+            for i, t in zip(idx, targets)
+        ]
+        _, each = _native.read_many(reads, device[0] == "cuda")
+        for i, (got, _eof) in zip(idx, each):
+            want = runs[i].end - runs[i].start
+            if got != want:
+                raise _bad(
+                    runs[i].header.path,
+                    f"truncated: {got} of {want} data bytes at {runs[i].start} could be read",
+                )
+
+    if len(groups) <= 1:
+        for device, idx in groups.items():
+            read(device, idx)
+    else:
+        with concurrent.futures.ThreadPoolExecutor(
+            max_workers=len(groups), thread_name_prefix="gdirect-load"
+        ) as pool:
+            futures = [pool.submit(read, d, idx) for d, idx in groups.items()]
+        for f in futures:
+            f.result()
+    return blobs
 
 
 def load(
     paths: Union[str, "os.PathLike[str]", Iterable[Any]],
     device: Any = "cuda:0",
     framework: Optional[str] = None,
+    device_map: Union[None, str, Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """Loads every tensor of one safetensors file, of a sharded checkpoint (its
     ``*.safetensors.index.json``), or of a list of files, onto ``device`` (``"cpu"``,
     ``"cuda:N"``). Every header is checked before any data is read; a tensor name found in
-    two files is an error."""
+    two files is an error.
+
+    ``device_map`` places the tensors on several devices instead, as accelerate's does: a dict
+    from a tensor name or a prefix of names ending at a dot (``"model.layers.0"``) to a device,
+    the longest matching key winning and ``""`` matching every tensor; or ``"auto"``, the
+    tensors in checkpoint order cut into runs of about equal bytes, one per visible GPU. Each
+    device's tensors are read by that device's own engine, every device at once."""
     files = _files(paths)
     headers = [read_header(p) for p in files]
     seen: Dict[str, str] = {}
@@ -355,7 +493,25 @@ def load(
             if t.name in seen:
                 raise SafetensorsError(f"tensor {t.name!r} is in both {seen[t.name]} and {h.path}")
             seen[t.name] = h.path
-    return _read_files(_backend(framework, device), headers)
+    place = _placement(headers, device, device_map)
+    backends = {d: _backend_for(framework, d) for d in set(place.values())}
+    runs = _runs(headers, place)
+    blobs = _read_runs(backends, runs)
+    views: Dict[str, Any] = {}
+    for r, blob in zip(runs, blobs):
+        b = backends[r.device]
+        for t in r.tensors:
+            views[t.name] = b.view(
+                r.header.path, blob,
+                TensorInfo(t.name, t.dtype, t.shape, t.start - r.start, t.end - r.start),
+            )
+    del blobs
+    out: Dict[str, Any] = {}
+    for h in headers:
+        for t in h.tensors:
+            v = views.get(t.name)
+            out[t.name] = v if v is not None else backends[place[t.name]].view(h.path, None, t)
+    return out
 
 
 class open:  # noqa: N801  (named like safetensors.safe_open's role)
