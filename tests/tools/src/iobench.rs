@@ -133,10 +133,13 @@ fn run(dev: &str, mode: &str, pattern: &str, ops: u64, qd: u64) -> gdirect::Resu
                     options,
                 );
             }
+            // At most `qd` in flight: submit as many as have completed (the module alone would
+            // take up to its max_in_flight, 128 by default).
             let (mut next, mut done) = (0usize, 0u64);
             while done < ops {
-                if next < b.len() {
-                    next += driver.submit(&b, next)?;
+                let in_flight = next as u64 - done;
+                if next < b.len() && in_flight < slots {
+                    next += driver.submit_at_most(&b, next, (slots - in_flight) as usize)?;
                 }
                 for c in driver.reap(slots as usize, true)? {
                     if let Ok(t) = c.result {

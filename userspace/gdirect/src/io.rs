@@ -752,8 +752,14 @@ impl Driver {
     /// a time): returns how many were queued, which is less than asked when the file's
     /// in-flight limit is reached (reap, then submit the rest).
     pub fn submit(&self, batch: &Batch<'_>, start: usize) -> Result<usize> {
+        self.submit_at_most(batch, start, BATCH_MAX)
+    }
+
+    /// [`submit`](Self::submit), of at most `max` entries from `start`: for a caller that keeps
+    /// its own queue depth (submit as many as have completed, reap, and so on).
+    pub fn submit_at_most(&self, batch: &Batch<'_>, start: usize, max: usize) -> Result<usize> {
         let entries = batch.sqes.get(start..).unwrap_or(&[]);
-        let count = entries.len().min(BATCH_MAX);
+        let count = entries.len().min(BATCH_MAX).min(max);
         if count == 0 {
             return Ok(0);
         }
