@@ -15,7 +15,7 @@ use std::{
 use gdirect::{
     compat::{
         Builder, CompatEngine, CudaBackend, DeviceAllocation, HostBackend, PageCache, Segment,
-        Source,
+        Sink, Source,
     },
     CompatReason, Driver, Error, Provider,
 };
@@ -167,18 +167,33 @@ fn device_range(ptr: u64, len: u64) -> PyResult<usize> {
     Ok(alloc.ordinal)
 }
 
-/// A file opened for reading (kept open: open once, read many times).
+/// A file opened for reading, and for writing in mode `r+` or `w` (kept open: open once, read
+/// and write many times).
 #[pyclass(module = "gdirect._native", frozen)]
 struct File {
     src: Source,
+    sink: Option<Sink>,
 }
 
 #[pymethods]
 impl File {
     #[new]
-    fn new(path: PathBuf) -> PyResult<Self> {
+    #[pyo3(signature = (path, mode = "r"))]
+    fn new(path: PathBuf, mode: &str) -> PyResult<Self> {
+        // Opened for writing first: `w` makes the file the reading side then opens.
+        let sink = match mode {
+            "r" => None,
+            "r+" => Some(Sink::open(&path, false, false).map_err(py_err)?),
+            "w" => Some(Sink::open(&path, true, true).map_err(py_err)?),
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "mode '{mode}': expected 'r', 'r+' or 'w'"
+                )))
+            }
+        };
         Ok(Self {
             src: Source::open(path).map_err(py_err)?,
+            sink,
         })
     }
 
@@ -252,6 +267,75 @@ impl File {
             &format!("cuda:{ordinal}"),
             t0.elapsed().as_secs_f64(),
         )
+    }
+
+    /// Writes `len` bytes of host memory at address `ptr` to the file at `file_offset`. The
+    /// caller (the Python half) holds a readable, contiguous buffer of at least `len` bytes at
+    /// `ptr` for the whole call.
+    fn write_host<'py>(
+        &self,
+        py: Python<'py>,
+        ptr: usize,
+        len: u64,
+        file_offset: u64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let sink = self.sink()?;
+        if ptr == 0 && len > 0 {
+            return Err(PyValueError::new_err("a null source address"));
+        }
+        let engine = host_engine()?;
+        let t0 = Instant::now();
+        let r = py
+            .allow_threads(|| {
+                // SAFETY: the Python half passes the address of a buffer of `len` readable
+                // bytes that it keeps alive (a held buffer export) until this returns.
+                unsafe { engine.write_host_ptr(sink, ptr as *const u8, len, file_offset) }
+            })
+            .map_err(py_err)?;
+        report(py, &r, "host", t0.elapsed().as_secs_f64())
+    }
+
+    /// Writes `len` bytes of CUDA device memory at `ptr` to the file at `file_offset`; the range
+    /// must lie in one allocation the CUDA driver knows (checked).
+    fn write_cuda<'py>(
+        &self,
+        py: Python<'py>,
+        ptr: u64,
+        len: u64,
+        file_offset: u64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let sink = self.sink()?;
+        let ordinal = device_range(ptr, len)?;
+        let engine = cuda_engine(ordinal)?;
+        let t0 = Instant::now();
+        let r = py
+            .allow_threads(|| {
+                // SAFETY: `ptr..ptr + len` lies in a live device allocation of GPU `ordinal`
+                // (checked above), whose engine uses that GPU's primary context; the Python
+                // half keeps the array alive until this returns.
+                unsafe { engine.write_device_ptr(sink, ptr, len, file_offset) }
+            })
+            .map_err(py_err)?;
+        report(
+            py,
+            &r,
+            &format!("cuda:{ordinal}"),
+            t0.elapsed().as_secs_f64(),
+        )
+    }
+}
+
+impl File {
+    fn sink(&self) -> PyResult<&Sink> {
+        self.sink.as_ref().ok_or_else(|| {
+            PyOSError::new_err((
+                gdirect::Errno::EBADF as i32,
+                format!(
+                    "{} is not open for writing (open it with mode 'r+' or 'w')",
+                    self.src.path().display()
+                ),
+            ))
+        })
     }
 }
 

@@ -199,3 +199,34 @@ def test_a_device_map_over_the_gpu_and_the_cpu(tmp_path):
     assert {str(t.device) for t in auto.values()} == {f"cuda:{i}" for i in range(torch.cuda.device_count())}
     for k, w in want.items():
         assert torch.equal(auto[k].cpu(), w), k
+
+
+def test_writes_from_device_memory_land_exactly(tmp_path, data_file):
+    _, data = data_file
+    src = data.to("cuda:0")  # 64 MiB + 4567: many pieces, every thread
+    path = tmp_path / "from-gpu.bin"
+    f = gdirect.File(path, "w")
+    r = f.write(src)
+    assert (r.bytes, r.memory) == (SIZE, "cuda:0")
+    assert r.direct_bytes + r.buffered_bytes == SIZE
+    assert path.read_bytes() == data.numpy().tobytes()
+    # In place, at odd offsets, from a slice of a float tensor: only that range changes.
+    floats = torch.randn(300000, device="cuda:0")
+    f.write(floats, file_offset=12345, src_offset=8, size=800000)
+    want = bytearray(data.numpy().tobytes())
+    want[12345 : 12345 + 800000] = floats.cpu().numpy().tobytes()[8 : 8 + 800000]
+    assert path.read_bytes() == bytes(want)
+    # Read back through gdirect into the GPU: the same bytes.
+    back = torch.zeros(SIZE, dtype=torch.uint8, device="cuda:0")
+    f.read(back)
+    assert torch.equal(back.cpu(), torch.frombuffer(want, dtype=torch.uint8))
+
+
+def test_a_dlpack_device_source_and_a_read_only_file(tmp_path):
+    cupy = pytest.importorskip("cupy")
+    arr = cupy.arange(100000, dtype=cupy.int64)
+    path = tmp_path / "dl.bin"
+    gdirect.File(path, "w").write(DLPackOnly(arr))
+    assert path.read_bytes() == cupy.asnumpy(arr).tobytes()
+    with pytest.raises(OSError, match="not open for writing"):
+        gdirect.File(path).write(arr)

@@ -299,6 +299,18 @@ pub enum Error {
         errno: Errno,
     },
 
+    /// Writing a file failed (the compat engine's own I/O).
+    #[error("writing {path} at offset {offset} failed: {errno}")]
+    FileWrite {
+        /// The file.
+        path: PathBuf,
+        /// The file offset where the write stopped.
+        offset: u64,
+        /// The error of the write.
+        #[source]
+        errno: Errno,
+    },
+
     /// A destination range is past the end of the memory.
     #[error("{len} bytes at offset {offset} do not fit in {size} bytes of memory")]
     OutOfMemoryRange {
@@ -382,6 +394,7 @@ impl Error {
             Self::Io { .. } => ErrorKind::Io,
             Self::Submit { .. } => ErrorKind::Submit,
             Self::FileIo { .. } => ErrorKind::FileIo,
+            Self::FileWrite { .. } => ErrorKind::FileWrite,
             Self::OutOfMemoryRange { .. } => ErrorKind::OutOfMemoryRange,
             Self::BadSetting { .. } => ErrorKind::BadSetting,
             Self::Cuda { .. } => ErrorKind::Cuda,
@@ -400,6 +413,7 @@ impl Error {
             | Self::OpenFile { errno, .. }
             | Self::Io { errno, .. }
             | Self::FileIo { errno, .. }
+            | Self::FileWrite { errno, .. }
             | Self::Submit { errno, .. } => Some(*errno),
             Self::OutOfMemoryRange { .. } => Some(Errno::EOVERFLOW),
             Self::BadSetting { .. } => Some(Errno::EINVAL),
@@ -489,6 +503,8 @@ pub enum ErrorKind {
     Submit,
     /// The compat engine's file I/O failed ([`Error::FileIo`]).
     FileIo,
+    /// The compat engine's write of a file failed ([`Error::FileWrite`]).
+    FileWrite,
     /// A range is past the end of the memory ([`Error::OutOfMemoryRange`]).
     OutOfMemoryRange,
     /// A setting has a value that cannot be used ([`Error::BadSetting`]).
@@ -533,6 +549,7 @@ impl ErrorKind {
             Self::Io => "io",
             Self::Submit => "submit",
             Self::FileIo => "file_io",
+            Self::FileWrite => "file_write",
             Self::OutOfMemoryRange => "out_of_memory_range",
             Self::BadSetting => "bad_setting",
             Self::Cuda => "cuda",

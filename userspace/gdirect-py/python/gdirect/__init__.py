@@ -31,7 +31,7 @@ __all__ = ["File", "Report", "configure", "settings", "safetensors"]
 
 @dataclasses.dataclass(frozen=True)
 class Report:
-    """What a read did.
+    """What a read or a write did.
 
     ``engine`` is ``"compat"`` (the library's engine, through host memory) or ``"module"``
     (the kernel module); ``reason`` says why the module did not move the bytes: ``no_module``,
@@ -74,41 +74,88 @@ def _contiguous_nbytes(shape, strides, itemsize: int) -> int:
     return n
 
 
-def _target(dest: Any) -> _Target:
-    """The address and size of ``dest``'s memory, checked writable and contiguous."""
+class _PyBuffer(ctypes.Structure):
+    """CPython's ``Py_buffer``."""
+
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_get_buffer.restype = ctypes.c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+_release_buffer.restype = None
+
+
+class _Export:
+    """A buffer export held for a call (``PyObject_GetBuffer`` with ``PyBUF_SIMPLE``: contiguous,
+    read-only allowed), released when dropped: how a write gets the address of ``bytes``."""
+
+    def __init__(self, obj: Any):
+        self.view = _PyBuffer()
+        _get_buffer(obj, ctypes.byref(self.view), 0)
+        self.held = True
+
+    def __del__(self) -> None:
+        if self.held:
+            self.held = False
+            _release_buffer(ctypes.byref(self.view))
+
+
+def _target(obj: Any, writable: bool = True) -> _Target:
+    """The address and size of ``obj``'s memory, checked contiguous, and writable when the call
+    writes it (a read's destination; a write's source may be read-only)."""
+    role = "destination" if writable else "source"
     # A PyTorch tensor, on the GPU or the CPU: its storage, by address. (Asked first: a tensor
     # that requires grad raises on __cuda_array_interface__, and a CPU one has no buffer.)
-    if all(hasattr(dest, a) for a in ("data_ptr", "element_size", "is_contiguous", "numel", "is_cuda")):
-        if getattr(dest, "requires_grad", False):
+    if all(hasattr(obj, a) for a in ("data_ptr", "element_size", "is_contiguous", "numel", "is_cuda")):
+        if writable and getattr(obj, "requires_grad", False):
             raise ValueError("the destination tensor requires grad: pass tensor.detach()")
-        if not dest.is_contiguous():
-            raise ValueError("the destination tensor is not contiguous")
-        kind = "cuda" if dest.is_cuda else "host"
-        return _Target(kind, int(dest.data_ptr()), dest.numel() * dest.element_size(), dest)
-    cai = getattr(dest, "__cuda_array_interface__", None)
+        if not obj.is_contiguous():
+            raise ValueError(f"the {role} tensor is not contiguous")
+        kind = "cuda" if obj.is_cuda else "host"
+        return _Target(kind, int(obj.data_ptr()), obj.numel() * obj.element_size(), obj)
+    cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         ptr, readonly = cai["data"]
-        if readonly:
+        if writable and readonly:
             raise ValueError("the destination CUDA array is read-only")
         typestr = cai["typestr"]
         nbytes = _contiguous_nbytes(cai["shape"], cai.get("strides"), int(typestr[2:]))
-        return _Target("cuda", int(ptr), nbytes, dest)
+        return _Target("cuda", int(ptr), nbytes, obj)
     try:
-        view = memoryview(dest)
+        view = memoryview(obj)
     except TypeError:
-        if hasattr(dest, "__dlpack__") and hasattr(dest, "__dlpack_device__"):
-            return _dlpack_target(dest)
+        if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+            return _dlpack_target(obj)
         raise TypeError(
-            f"cannot read into a {type(dest).__name__}: expected an object with "
-            "__cuda_array_interface__ or DLPack, a tensor, or a writable buffer"
+            f"cannot {'read into' if writable else 'write from'} a {type(obj).__name__}: "
+            "expected an object with __cuda_array_interface__ or DLPack, a tensor, or a "
+            f"{'writable ' if writable else ''}buffer"
         ) from None
-    if view.readonly:
-        raise ValueError(f"the destination {type(dest).__name__} is read-only")
+    if writable and view.readonly:
+        raise ValueError(f"the destination {type(obj).__name__} is read-only")
     if not view.c_contiguous:
-        raise ValueError("the destination buffer is not C-contiguous")
+        raise ValueError(f"the {role} buffer is not C-contiguous")
     view = view.cast("B") if view.nbytes else view
     if view.nbytes == 0:
         return _Target("host", 0, 0, view)
+    if view.readonly:
+        export = _Export(view)
+        return _Target("host", int(export.view.buf), view.nbytes, (view, export))
     arr = (ctypes.c_char * view.nbytes).from_buffer(view)
     return _Target("host", ctypes.addressof(arr), view.nbytes, (view, arr))
 
@@ -184,18 +231,33 @@ def _index(name: str, value: Any) -> int:
     return v
 
 
-class File:
-    """A file opened for reading; keep it and read from it many times.
+def _span(t: _Target, offset: int, size: Optional[int], name: str, role: str) -> int:
+    """The bytes of a call on ``t`` from byte ``offset`` (the argument ``name``): ``size``, or
+    the rest of ``t``."""
+    if offset > t.nbytes:
+        raise ValueError(f"{name} {offset} is past the {role}'s {t.nbytes} bytes")
+    size = t.nbytes - offset if size is None else _index("size", size)
+    if offset + size > t.nbytes:
+        raise ValueError(
+            f"{size} bytes at offset {offset} do not fit in the {role}'s {t.nbytes} bytes"
+        )
+    return size
 
-    ``File(path)`` raises ``FileNotFoundError``, ``PermissionError`` or another ``OSError``
-    with the errno when it cannot be opened.
+
+class File:
+    """A file kept open: read from it (and write to it) many times.
+
+    ``mode`` is ``"r"`` (reading), ``"r+"`` (reading and writing an existing file) or ``"w"``
+    (reading and writing a file made empty, or new). ``File(path)`` raises
+    ``FileNotFoundError``, ``PermissionError`` or another ``OSError`` with the errno when it
+    cannot be opened.
     """
 
     _pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
     _pool_lock = threading.Lock()
 
-    def __init__(self, path: "os.PathLike[str] | str"):
-        self._f = _native.File(os.fspath(path))
+    def __init__(self, path: "os.PathLike[str] | str", mode: str = "r"):
+        self._f = _native.File(os.fspath(path), mode)
 
     @property
     def path(self) -> str:
@@ -220,18 +282,35 @@ class File:
         t = _target(dest)
         file_offset = _index("file_offset", file_offset)
         dest_offset = _index("dest_offset", dest_offset)
-        if dest_offset > t.nbytes:
-            raise ValueError(f"dest_offset {dest_offset} is past the destination's {t.nbytes} bytes")
-        size = t.nbytes - dest_offset if size is None else _index("size", size)
-        if dest_offset + size > t.nbytes:
-            raise ValueError(
-                f"{size} bytes at offset {dest_offset} do not fit in the destination's "
-                f"{t.nbytes} bytes"
-            )
+        size = _span(t, dest_offset, size, "dest_offset", "destination")
         if t.kind == "cuda":
             r = self._f.read_cuda(t.ptr + dest_offset, size, file_offset)
         else:
             r = self._f.read_host(t.ptr + dest_offset, size, file_offset)
+        del t
+        return Report(**r)
+
+    def write(
+        self,
+        src: Any,
+        file_offset: int = 0,
+        src_offset: int = 0,
+        size: Optional[int] = None,
+    ) -> Report:
+        """Writes ``size`` bytes (default: to the end of ``src``) of ``src`` from byte
+        ``src_offset`` to the file at ``file_offset``, extending it as needed. ``src`` is
+        anything ``read`` takes, and read-only buffers (``bytes``) too. The file must be open
+        with mode ``"r+"`` or ``"w"`` (else ``OSError`` EBADF). A write that cannot complete
+        raises ``OSError`` with its errno (``ENOSPC``...) and the file offset it reached; nothing
+        is synced (``os.fsync`` for that)."""
+        t = _target(src, writable=False)
+        file_offset = _index("file_offset", file_offset)
+        src_offset = _index("src_offset", src_offset)
+        size = _span(t, src_offset, size, "src_offset", "source")
+        if t.kind == "cuda":
+            r = self._f.write_cuda(t.ptr + src_offset, size, file_offset)
+        else:
+            r = self._f.write_host(t.ptr + src_offset, size, file_offset)
         del t
         return Report(**r)
 

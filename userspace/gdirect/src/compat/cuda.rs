@@ -13,7 +13,7 @@ use cudarc::driver::{
 use super::{Backend, Lane};
 use crate::error::{Error, Result};
 
-fn cuda(what: &'static str, r: CUresult) -> Result<()> {
+pub(super) fn cuda(what: &'static str, r: CUresult) -> Result<()> {
     r.result().map_err(|e| cuda_err(what, e))
 }
 

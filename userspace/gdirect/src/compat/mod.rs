@@ -21,6 +21,7 @@
 mod host;
 mod plan;
 mod source;
+mod write;
 
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -39,6 +40,7 @@ use std::{
 pub use cuda::{driver_present, CudaBackend, DeviceAllocation};
 pub use host::HostBackend;
 pub use source::Source;
+pub use write::Sink;
 
 use crate::error::{Errno, Error, Result};
 use plan::Plan;

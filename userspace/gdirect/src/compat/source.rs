@@ -153,16 +153,7 @@ impl Source {
         // none means the file takes no direct I/O; one the staging buffers (4 KiB aligned)
         // cannot meet leaves it to the page cache too. Offsets and lengths are aligned to at
         // least 4 KiB, which serves every smaller block size.
-        let (dio_ok, direct_align) = match dio_align(&buffered) {
-            Some((0, _)) => (false, DIRECT_ALIGN),
-            Some((offset, mem)) => (
-                offset.is_power_of_two()
-                    && offset <= MAX_DIRECT_ALIGN
-                    && u64::from(mem) <= DIRECT_ALIGN,
-                u64::from(offset).max(DIRECT_ALIGN),
-            ),
-            None => (true, DIRECT_ALIGN),
-        };
+        let (dio_ok, direct_align) = direct_alignment(&buffered);
         let direct = dio_ok
             .then(|| {
                 OpenOptions::new()
@@ -234,6 +225,21 @@ const MAX_DIRECT_ALIGN: u32 = 64 << 10;
 
 /// `STATX_DIOALIGN`: the file's direct-I/O offset and memory alignments, `(0, 0)` when it takes
 /// no direct I/O; `None` when the kernel does not say (before Linux 6.1, or an old file system).
+/// Whether the file takes direct I/O from 4 KiB-aligned buffers, and the offset alignment it
+/// then needs (at least 4 KiB).
+pub(crate) fn direct_alignment(f: &std::fs::File) -> (bool, u64) {
+    match dio_align(f) {
+        Some((0, _)) => (false, DIRECT_ALIGN),
+        Some((offset, mem)) => (
+            offset.is_power_of_two()
+                && offset <= MAX_DIRECT_ALIGN
+                && u64::from(mem) <= DIRECT_ALIGN,
+            u64::from(offset).max(DIRECT_ALIGN),
+        ),
+        None => (true, DIRECT_ALIGN),
+    }
+}
+
 fn dio_align(f: &std::fs::File) -> Option<(u32, u32)> {
     // SAFETY: an all-zero `statx` is a valid value for the kernel to fill.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };

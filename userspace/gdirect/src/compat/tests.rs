@@ -790,3 +790,111 @@ fn overlapping_or_oversized_segments_are_refused_before_any_io() {
     ));
     assert!(mem.iter().all(|&x| x == 0), "nothing was written");
 }
+
+/// Writes of host memory, at aligned and unaligned offsets and lengths, over every thread count:
+/// the file then holds exactly those bytes, and nothing around them changed.
+#[test]
+fn host_writes_land_exactly_and_touch_nothing_else() {
+    let mut rng = Rng(77);
+    let old = TempFile::new("write", 6 << 20, 21);
+    let mut model = old.data.clone();
+    for threads in [1, 3, 8] {
+        let e = engine(threads, 256 << 10, PageCache::Auto);
+        for _ in 0..6 {
+            let len = match rng.below(3) {
+                0 => rng.below(64 << 10) + 1,
+                1 => (rng.below(8) + 1) << 20,
+                _ => (rng.below(16) + 1) * 4096,
+            }
+            .min(5 << 20);
+            let offset = match rng.below(2) {
+                0 => rng.below((6 << 20) - len) / 4096 * 4096,
+                _ => rng.below((6 << 20) - len),
+            };
+            let bytes = TempFile::new("src", len as usize, rng.next()).data.clone();
+            // The source 4 KiB-aligned, so that aligned ranges can go direct.
+            let mut room = vec![0u8; len as usize + 4096];
+            let at = room.as_ptr().align_offset(4096);
+            room[at..at + len as usize].copy_from_slice(&bytes);
+            let data = &room[at..at + len as usize];
+            let sink = Sink::open(&old.path, false, false).expect("open for writing");
+            // SAFETY: `data` is `len` readable bytes for the call.
+            let r = unsafe { e.write_host_ptr(&sink, data.as_ptr(), len, offset) }.expect("write");
+            assert_eq!(r.bytes, len);
+            assert_eq!(r.direct_bytes + r.buffered_bytes, len);
+            if sink.takes_direct() && offset % 4096 == 0 && len % 4096 == 0 {
+                assert_eq!(r.direct_bytes, len, "aligned: every piece direct");
+            }
+            model[offset as usize..(offset + len) as usize].copy_from_slice(data);
+            let got = std::fs::read(&old.path).expect("read back");
+            // The range holds the new bytes; around it, the file's old content (or an earlier
+            // round's), byte for byte.
+            assert!(
+                got == model,
+                "{len} bytes at {offset} with {threads} threads"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_write_past_the_end_extends_the_file_and_a_new_file_is_made() {
+    let dir = std::env::temp_dir().join(format!("gdirect-write-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("new.bin");
+    let e = engine(4, 64 << 10, PageCache::Auto);
+    assert!(matches!(
+        Sink::open(&path, false, false),
+        Err(Error::OpenFile { .. })
+    ));
+    let sink = Sink::open(&path, true, true).expect("create");
+    let data = TempFile::new("src", (1 << 20) + 333, 5).data.clone();
+    // SAFETY: `data` is readable for the call.
+    let r =
+        unsafe { e.write_host_ptr(&sink, data.as_ptr(), data.len() as u64, 8192) }.expect("write");
+    assert_eq!(r.bytes, data.len() as u64);
+    let got = std::fs::read(&path).expect("read back");
+    assert_eq!(got.len(), 8192 + data.len());
+    assert!(
+        got[..8192].iter().all(|&b| b == 0),
+        "the hole before reads as zeros"
+    );
+    assert_eq!(&got[8192..], &data[..]);
+    // Nothing to write: nothing written, no thread busy.
+    // SAFETY: no byte is read.
+    let r = unsafe { e.write_host_ptr(&sink, data.as_ptr(), 0, 0) }.expect("empty write");
+    assert_eq!((r.bytes, r.ios), (0, 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_write_the_device_cannot_take_fails_with_the_file_and_offset() {
+    let e = engine(2, 64 << 10, PageCache::Auto);
+    let sink = Sink::open("/dev/full", false, false).expect("/dev/full");
+    let data = vec![7u8; 200 << 10];
+    // SAFETY: `data` is readable for the call.
+    let err = unsafe { e.write_host_ptr(&sink, data.as_ptr(), data.len() as u64, 4096) }
+        .expect_err("/dev/full takes nothing");
+    match err {
+        Error::FileWrite {
+            path,
+            errno,
+            offset,
+        } => {
+            assert_eq!(path, Path::new("/dev/full"));
+            assert_eq!(errno, Errno::ENOSPC);
+            assert!(
+                (4096..4096 + (200 << 10)).contains(&offset),
+                "offset {offset}"
+            );
+        }
+        other => panic!("expected FileWrite, got {other}"),
+    }
+    assert!(matches!(
+        Sink::open("/", false, false),
+        Err(Error::OpenFile {
+            errno: Errno::EISDIR,
+            ..
+        })
+    ));
+}

@@ -1,0 +1,349 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+//! Writes through the compat engine: memory to a file, without the module.
+//!
+//! The range is cut at multiples of the task size in the file, and the engine's threads take
+//! the pieces in turn. Host memory goes to the file by `pwrite` from where it is; device memory
+//! is first copied into a pinned host buffer of the worker's (`cuMemcpyDtoH`). A piece whose
+//! file offset, length and memory address meet the file's direct-I/O alignment is written with
+//! `O_DIRECT` (where the file takes it), any other through the page cache; a direct write the
+//! file refuses with `EINVAL` is redone buffered, and later ones are buffered. Nothing is
+//! synced: as with `pwrite`, durability is the caller's `fsync`.
+
+#[cfg(feature = "cuda")]
+use std::ffi::c_void;
+use std::{
+    fs::OpenOptions,
+    io,
+    os::{fd::AsRawFd, unix::fs::OpenOptionsExt},
+    path::{Path, PathBuf},
+    ptr::NonNull,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Mutex,
+    },
+};
+
+#[cfg(feature = "cuda")]
+use cudarc::driver::sys;
+use nix::libc;
+
+#[cfg(feature = "cuda")]
+use super::CudaBackend;
+use super::{
+    lock, source::direct_alignment, Backend, CompatEngine, HostBackend, Report, DIRECT_ALIGN,
+};
+use crate::error::{Errno, Error, Result};
+
+/// A file open for writing through the compat engine.
+#[derive(Debug)]
+pub struct Sink {
+    path: PathBuf,
+    buffered: std::fs::File,
+    direct: Option<std::fs::File>,
+    direct_align: u64,
+    direct_failed: AtomicBool,
+}
+
+impl Sink {
+    /// Opens `path` for writing (a regular file or a block device): `create` makes a missing
+    /// file (mode 0666 less the umask), `truncate` empties it.
+    pub fn open(path: impl AsRef<Path>, create: bool, truncate: bool) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let open_err = |e: io::Error| Error::OpenFile {
+            path: path.clone(),
+            errno: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        };
+        let buffered = OpenOptions::new()
+            .write(true)
+            .create(create)
+            .truncate(truncate)
+            .open(&path)
+            .map_err(open_err)?;
+        let (dio_ok, direct_align) = direct_alignment(&buffered);
+        let direct = dio_ok
+            .then(|| {
+                OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(&path)
+                    .ok()
+            })
+            .flatten();
+        Ok(Self {
+            path,
+            buffered,
+            direct,
+            direct_align,
+            direct_failed: AtomicBool::new(false),
+        })
+    }
+
+    /// The path it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether aligned writes go to the file with `O_DIRECT` (the file takes direct I/O, and has
+    /// not refused it).
+    pub fn takes_direct(&self) -> bool {
+        self.direct.is_some() && !self.direct_failed.load(Ordering::Relaxed)
+    }
+
+    /// Writes `len` bytes at `src` to the file at `offset`, directly when everything is
+    /// aligned; returns whether it went direct.
+    ///
+    /// # Safety
+    ///
+    /// `src` is valid for reading `len` bytes for the call.
+    unsafe fn put(&self, src: *const u8, len: usize, offset: u64) -> Result<bool> {
+        let align = self.direct_align;
+        let direct = self.direct.as_ref().filter(|_| {
+            !self.direct_failed.load(Ordering::Relaxed)
+                && offset % align == 0
+                && len as u64 % align == 0
+                && src as usize as u64 % DIRECT_ALIGN == 0
+        });
+        if let Some(f) = direct {
+            // SAFETY: as this function's contract says.
+            match unsafe { pwrite_all(f, src, len, offset) } {
+                Ok(()) => return Ok(true),
+                Err((0, Errno::EINVAL)) => self.direct_failed.store(true, Ordering::Relaxed),
+                Err((done, errno)) => return Err(self.failed(offset + done as u64, errno)),
+            }
+        }
+        // SAFETY: as above.
+        unsafe { pwrite_all(&self.buffered, src, len, offset) }
+            .map_err(|(done, errno)| self.failed(offset + done as u64, errno))?;
+        Ok(false)
+    }
+
+    fn failed(&self, offset: u64, errno: Errno) -> Error {
+        Error::FileWrite {
+            path: self.path.clone(),
+            offset,
+            errno,
+        }
+    }
+}
+
+/// `pwrite` until all of `len` is written; on failure, how much was and the errno.
+///
+/// # Safety
+///
+/// `src` is valid for reading `len` bytes for the call.
+unsafe fn pwrite_all(
+    f: &std::fs::File,
+    src: *const u8,
+    len: usize,
+    offset: u64,
+) -> std::result::Result<(), (usize, Errno)> {
+    let mut done = 0;
+    while done < len {
+        let at = i64::try_from(offset + done as u64).map_err(|_| (done, Errno::EFBIG))?;
+        // SAFETY: `src + done .. src + len` is readable (see the contract); our descriptor.
+        let n = unsafe { libc::pwrite(f.as_raw_fd(), src.add(done).cast(), len - done, at) };
+        match n {
+            n if n > 0 => done += n as usize,
+            // A write that makes no progress: the device or file system is full.
+            0 => return Err((done, Errno::ENOSPC)),
+            _ => match Errno::last() {
+                Errno::EINTR => {}
+                e => return Err((done, e)),
+            },
+        }
+    }
+    Ok(())
+}
+
+/// A pinned host buffer of a worker's, for device writes.
+#[cfg(feature = "cuda")]
+struct Stage {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+#[cfg(feature = "cuda")]
+impl Stage {
+    fn new(len: usize) -> Result<Self> {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a new allocation of `len` bytes into `p`; the thread's context is current.
+        let r = unsafe { sys::cuMemHostAlloc(&mut p, len, 0) };
+        super::cuda::cuda("cuMemHostAlloc", r)?;
+        let ptr = NonNull::new(p.cast()).ok_or(Error::Cuda {
+            what: "cuMemHostAlloc",
+            error: "a null buffer".into(),
+        })?;
+        Ok(Self { ptr, len })
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Drop for Stage {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `cuMemHostAlloc` in `new`, freed once.
+        let _ = unsafe { sys::cuMemFreeHost(self.ptr.as_ptr().cast()) };
+    }
+}
+
+/// What the workers did, together.
+#[derive(Default)]
+struct WriteTally {
+    direct: u64,
+    buffered: u64,
+    ios: u64,
+}
+
+impl<B: Backend> CompatEngine<B> {
+    /// Cuts `[offset, offset + len)` at multiples of the task size and has the workers write
+    /// the pieces: `piece(worker_state, memory_offset, n)` gives the address of the piece's
+    /// bytes, readable until the next call on that worker.
+    fn write_pieces<S>(
+        &self,
+        dst: &Sink,
+        len: u64,
+        offset: u64,
+        state: impl Fn() -> Result<S> + Sync,
+        piece: impl Fn(&mut S, u64, usize) -> Result<*const u8> + Sync,
+    ) -> Result<Report> {
+        let task = self.settings.task_size;
+        let end = offset.checked_add(len).ok_or(Error::OutOfMemoryRange {
+            offset,
+            len,
+            size: u64::MAX,
+        })?;
+        let first_end = end.min((offset / task + 1) * task);
+        let pieces = if len == 0 {
+            0
+        } else {
+            1 + (end - first_end).div_ceil(task)
+        };
+        let range = |i: u64| {
+            let a = if i == 0 {
+                offset
+            } else {
+                first_end + (i - 1) * task
+            };
+            let b = if i == 0 { first_end } else { end.min(a + task) };
+            (a, b)
+        };
+        let threads = (self.settings.threads as u64).min(pieces).max(1) as usize;
+        let next = AtomicU64::new(0);
+        let stop = AtomicBool::new(false);
+        let first_err: Mutex<Option<Error>> = Mutex::new(None);
+        let total = Mutex::new(WriteTally::default());
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    let work = || -> Result<()> {
+                        let _entered = self.backend.enter_thread()?;
+                        let mut st = state()?;
+                        let mut mine = WriteTally::default();
+                        while !stop.load(Ordering::Relaxed) {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            if i >= pieces {
+                                break;
+                            }
+                            let (a, b) = range(i);
+                            let n = (b - a) as usize;
+                            let src = piece(&mut st, a - offset, n)?;
+                            // SAFETY: `piece` vouches for `n` readable bytes at `src`.
+                            let direct = unsafe { dst.put(src, n, a) }?;
+                            *if direct {
+                                &mut mine.direct
+                            } else {
+                                &mut mine.buffered
+                            } += n as u64;
+                            mine.ios += 1;
+                        }
+                        let mut t = lock(&total);
+                        t.direct += mine.direct;
+                        t.buffered += mine.buffered;
+                        t.ios += mine.ios;
+                        Ok(())
+                    };
+                    if let Err(e) = work() {
+                        stop.store(true, Ordering::Relaxed);
+                        lock(&first_err).get_or_insert(e);
+                    }
+                });
+            }
+        });
+        if let Some(e) = first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
+        let t = total.into_inner().unwrap_or_else(|p| p.into_inner());
+        Ok(Report {
+            bytes: len,
+            direct_bytes: t.direct,
+            buffered_bytes: t.buffered,
+            ios: t.ios,
+            threads,
+            ..Default::default()
+        })
+    }
+}
+
+impl CompatEngine<HostBackend> {
+    /// Writes `len` bytes of host memory at `src` to `dst` at `offset`, on the engine's threads.
+    /// The report's `bytes` is `len` (a write that cannot complete is an error, with the file
+    /// offset it stopped at).
+    ///
+    /// # Safety
+    ///
+    /// `src` is valid for reading `len` bytes until the call returns.
+    pub unsafe fn write_host_ptr(
+        &self,
+        dst: &Sink,
+        src: *const u8,
+        len: u64,
+        offset: u64,
+    ) -> Result<Report> {
+        let base = src as usize;
+        self.write_pieces(
+            dst,
+            len,
+            offset,
+            || Ok(()),
+            |(), off, _n| Ok((base + off as usize) as *const u8),
+        )
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl CompatEngine<CudaBackend> {
+    /// Writes `len` bytes of device memory at `src` (of this engine's GPU) to `dst` at
+    /// `offset`: each piece copied into a pinned buffer of the worker's, then written. Work
+    /// queued on other streams that writes the memory must be finished by the caller.
+    ///
+    /// # Safety
+    ///
+    /// `[src, src + len)` is device memory of this engine's context, readable until the call
+    /// returns.
+    pub unsafe fn write_device_ptr(
+        &self,
+        dst: &Sink,
+        src: u64,
+        len: u64,
+        offset: u64,
+    ) -> Result<Report> {
+        let task = self.settings.task_size as usize;
+        self.write_pieces(
+            dst,
+            len,
+            offset,
+            || Stage::new(task),
+            |stage, off, n| {
+                if n > stage.len {
+                    return Err(Error::Worker {
+                        what: "a write piece larger than its staging buffer",
+                    });
+                }
+                // SAFETY: `n` bytes of the caller's device memory (see the contract) into our
+                // pinned buffer of at least `n`; synchronous, so the bytes are there after it.
+                let r = unsafe { sys::cuMemcpyDtoH_v2(stage.ptr.as_ptr().cast(), src + off, n) };
+                super::cuda::cuda("cuMemcpyDtoH", r)?;
+                Ok(stage.ptr.as_ptr().cast_const())
+            },
+        )
+    }
+}
