@@ -4,8 +4,8 @@
 # gdirect check on the rig: the emulated GPU and the NVMe under the same switch
 # are PIX and direct by the kernel's verdict, the NVMe on the other root port
 # PHB and refused; the text report and the JSON say the same; without the
-# module the same relations come from sysfs alone, the module check blocks and
-# the exit status is 1.
+# module the same relations come from sysfs alone, the module check blocks (with
+# insmod as its fix: the rig loads unsigned modules) and the exit status is 1.
 #
 # The egpu's class is RAM (ivshmem), so it is a row because its driver
 # publishes its BAR as P2P memory, as a real GPU would be by its class.
@@ -23,7 +23,7 @@ gpu=$(_gpu_bdf)
 [ -n "$gpu" ] || ktap_exit_fail_msg "no emulated GPU"
 
 ktap_print_header
-ktap_set_plan 14
+ktap_set_plan 16
 
 # The emulated GPU's driver (it publishes the BAR as P2P memory), without gdirect:
 # sysfs alone.
@@ -34,6 +34,11 @@ pair() { echo "$json" | jq -r --arg m "$1" --arg s "$2" ".pairs[] | select(.memo
 check() { echo "$json" | jq -r --arg n "$1" '[.checks[] | select(.name == $n) | .verdict] | first'; }
 _test "without the module: exit status 1" _expect_eq "exit status" 1 "$rc"
 _test "without the module: the module check blocks" _expect_eq verdict blocking "$(check module)"
+fix() { echo "$json" | jq -r --arg n "$1" '[.checks[] | select(.name == $n) | .fix] | first'; }
+_test "without the module: module loading is ok here (unsigned modules load)" \
+	_expect_eq verdict ok "$(check module_loading)"
+insmod_fix() { fix module | grep -q insmod; }
+_test "without the module: the module check's fix loads it" insmod_fix
 _test "sysfs alone: GPU and $nvme0_ctrl are PIX, direct expected" \
 	_expect_eq "relation expected" "PIX bus_addr" "$(pair "$gpu" "$nvme0_ctrl" '"\(.relation) \(.expected)"')"
 _test "sysfs alone: GPU and $nvme1_ctrl are PHB" \

@@ -191,9 +191,9 @@ fn print_report(r: &Report, module_loaded: bool) {
             Verdict::Warning => "WARNING",
             Verdict::Blocking => "BLOCKING",
         };
-        println!("  {v:<9} {:<12} {}", c.name, c.evidence);
+        println!("  {v:<9} {:<14} {}", c.name, c.evidence);
         if let Some(fix) = &c.fix {
-            println!("  {:<9} {:<12} fix: {fix}", "", "");
+            println!("  {:<9} {:<14} fix: {fix}", "", "");
         }
     }
     println!();

@@ -340,6 +340,13 @@ pub struct Inputs<'a> {
     pub modules: String,
     /// The kernel's configuration text, when found (`/boot/config-$(uname -r)`).
     pub kconfig: Option<String>,
+    /// The procfs root (`/proc`).
+    pub procfs: PathBuf,
+    /// The module's device node (`/dev/gdirect`).
+    pub device: PathBuf,
+    /// Built modules to hold against the running kernel (their vermagic): by default those
+    /// installed under `/lib/modules/$(uname -r)`.
+    pub module_files: Vec<PathBuf>,
 }
 
 impl<'a> Inputs<'a> {
@@ -352,6 +359,9 @@ impl<'a> Inputs<'a> {
             cpus: allowed_cpus(),
             modules: std::fs::read_to_string("/proc/modules").unwrap_or_default(),
             kconfig: std::fs::read_to_string(format!("/boot/config-{release}")).ok(),
+            procfs: PathBuf::from("/proc"),
+            device: PathBuf::from(crate::DEFAULT_DEVICE_PATH),
+            module_files: loading::installed_modules(&release),
         }
     }
 }
@@ -556,26 +566,9 @@ fn checks(
         fix: fix.map(str::to_string),
     };
 
-    // The module and its providers.
+    // The module and its providers, or why it is not there.
     let nvidia_gpus = all.iter().any(|f| f.is_gpu() && f.vendor == 0x10de);
-    out.push(match inputs.driver.map(|d| d.info()) {
-        None => ck(
-            "module",
-            Verdict::Blocking,
-            "the gdirect module is not loaded (/dev/gdirect missing)".into(),
-            Some("sudo insmod gdirect.ko (meanwhile the library's compat engine reads through host memory)"),
-        ),
-        Some(Err(e)) => ck("module", Verdict::Blocking, format!("the module does not answer: {e}"), Some("reload gdirect.ko built for this kernel")),
-        Some(Ok(info)) => {
-            let providers: Vec<&str> = info.providers().map(Provider::name).collect();
-            let evidence = format!("gdirect {} (ABI {}), providers: {}", info.version, info.abi_version, providers.join(", "));
-            if nvidia_gpus && !info.has_provider(Provider::Nvidia) {
-                ck("module", Verdict::Warning, evidence + "; NVIDIA GPUs present but no nv-p2p provider", Some("load the NVIDIA driver (nvidia.ko, open or proprietary) before using GPU memory"))
-            } else {
-                ck("module", Verdict::Ok, evidence, None)
-            }
-        }
-    });
+    out.extend(loading::checks(inputs, nvidia_gpus));
 
     // IOMMU.
     let iommus = std::fs::read_dir(inputs.sysfs.join("class/iommu"))
@@ -736,7 +729,11 @@ fn checks(
         (Some(info), _) => Some(info.has_provider(Provider::P2pdma)),
         (None, Some(k)) => Some(k.lines().any(|l| l == "CONFIG_PCI_P2PDMA=y")),
         (None, None) if all.iter().any(|f| f.p2pmem.is_some()) => Some(true),
-        _ => None,
+        // No configuration file: the kernel's symbols tell (P2PDMA's own functions).
+        (None, None) => std::fs::read_to_string(inputs.procfs.join("kallsyms"))
+            .ok()
+            .filter(|s| !s.is_empty())
+            .map(|s| s.lines().any(|l| l.ends_with(" pci_p2pdma_add_resource"))),
     };
     out.push(match p2pdma {
         Some(true) => ck(
@@ -816,6 +813,8 @@ fn checks(
     ));
     out
 }
+
+mod loading;
 
 #[cfg(test)]
 mod tests;

@@ -10,13 +10,12 @@
 //! synced: as with `pwrite`, durability is the caller's `fsync`.
 
 #[cfg(feature = "cuda")]
-use std::ffi::c_void;
+use std::{ffi::c_void, ptr::NonNull};
 use std::{
     fs::OpenOptions,
     io,
     os::{fd::AsRawFd, unix::fs::OpenOptionsExt},
     path::{Path, PathBuf},
-    ptr::NonNull,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Mutex,

@@ -96,7 +96,10 @@ impl Tree {
             driver: None,
             cpus: vec![0, 1, 2, 3],
             modules: String::new(),
-            kconfig: Some("CONFIG_PCI_P2PDMA=y\n".into()),
+            kconfig: Some("CONFIG_PCI_P2PDMA=y\nCONFIG_RUST=y\n".into()),
+            procfs: self.root.join("proc"),
+            device: self.root.join("dev/gdirect"),
+            module_files: Vec::new(),
         }
     }
 }
@@ -424,4 +427,196 @@ fn cpu_lists_parse() {
     assert_eq!(cpu_list("0-3,8,10-11\n"), vec![0, 1, 2, 3, 8, 10, 11]);
     assert_eq!(cpu_list(""), Vec::<usize>::new());
     assert_eq!(cpu_list("3-1"), Vec::<usize>::new());
+}
+
+/// A module file as `make` leaves it, as far as the check reads it: its `.modinfo` strings.
+fn module_file(t: &Tree, name: &str, release: &str) -> PathBuf {
+    let p = t.root.join(name);
+    let mut bytes = b"\x7fELF....license=GPL\0".to_vec();
+    bytes.extend_from_slice(
+        format!("vermagic={release} SMP preempt mod_unload \0name=gdirect\0").as_bytes(),
+    );
+    std::fs::write(&p, bytes).expect("module file");
+    p
+}
+
+#[test]
+fn a_node_that_loads_no_modules_gets_no_insmod_advice() {
+    let t = Tree::new("modules-disabled");
+    t.write("proc/sys/kernel/osrelease", "7.2.13\n");
+    t.write("proc/sys/kernel/modules_disabled", "1\n");
+    let r = super::check(&t.inputs());
+    let loading = check(&r, "module_loading");
+    assert_eq!(loading.verdict, Verdict::Blocking);
+    assert!(
+        loading.evidence.contains("modules_disabled is 1"),
+        "{}",
+        loading.evidence
+    );
+    assert!(
+        loading.evidence.contains("unsigned modules would load"),
+        "{}",
+        loading.evidence
+    );
+    let module = check(&r, "module");
+    assert_eq!(module.verdict, Verdict::Blocking);
+    let fix = module.fix.as_deref().unwrap_or("");
+    assert!(
+        !fix.contains("insmod") && fix.contains("module loading is disabled"),
+        "{fix}"
+    );
+}
+
+#[test]
+fn signatures_required_by_sig_enforce_lockdown_and_secure_boot_are_named() {
+    let t = Tree::new("signatures");
+    t.write("proc/sys/kernel/osrelease", "7.2.13\n");
+    t.write("proc/sys/kernel/modules_disabled", "0\n");
+    t.write("module/module/parameters/sig_enforce", "Y\n");
+    t.write(
+        "kernel/security/lockdown",
+        "none [integrity] confidentiality\n",
+    );
+    let sb = t.root.join(super::loading::SECURE_BOOT_VAR);
+    std::fs::create_dir_all(sb.parent().expect("parent")).expect("efivars");
+    std::fs::write(&sb, [6u8, 0, 0, 0, 1]).expect("SecureBoot");
+    let r = super::check(&t.inputs());
+    let loading = check(&r, "module_loading");
+    assert_eq!(loading.verdict, Verdict::Warning);
+    for what in [
+        "module.sig_enforce=1",
+        "lockdown=integrity",
+        "Secure Boot on",
+    ] {
+        assert!(
+            loading.evidence.contains(what),
+            "{what}: {}",
+            loading.evidence
+        );
+    }
+    assert!(loading
+        .fix
+        .as_deref()
+        .unwrap_or("")
+        .contains("mokutil --import"));
+    // Without any of them: unsigned modules load.
+    let t = Tree::new("unsigned-ok");
+    t.write(
+        "kernel/security/lockdown",
+        "[none] integrity confidentiality\n",
+    );
+    t.write("module/module/parameters/sig_enforce", "N\n");
+    assert_eq!(
+        check(&super::check(&t.inputs()), "module_loading").verdict,
+        Verdict::Ok
+    );
+}
+
+#[test]
+fn the_kernels_rust_support_and_a_built_modules_vermagic_are_checked() {
+    let t = Tree::new("vermagic");
+    t.write("proc/sys/kernel/osrelease", "7.2.13\n");
+    let mut inputs = t.inputs();
+    // No Rust in the config: blocking, and no module to load; no config at all: unknown.
+    inputs.kconfig = Some("CONFIG_PCI_P2PDMA=y\n".into());
+    let r = super::check(&inputs);
+    assert_eq!(check(&r, "rust").verdict, Verdict::Blocking);
+    assert!(check(&r, "module")
+        .fix
+        .as_deref()
+        .unwrap_or("")
+        .contains("no Rust support"));
+    inputs.kconfig = None;
+    assert_eq!(
+        check(&super::check(&inputs), "rust").verdict,
+        Verdict::Warning
+    );
+    // Without a configuration file, the kernel's symbols tell.
+    t.write("proc/kallsyms", "0000000000000000 T _printk\n");
+    assert_eq!(
+        check(&super::check(&inputs), "rust").verdict,
+        Verdict::Blocking
+    );
+    t.write(
+        "proc/kallsyms",
+        "0000000000000000 T _printk\n0000000000000000 T rust_begin_unwind\n",
+    );
+    assert_eq!(check(&super::check(&inputs), "rust").verdict, Verdict::Ok);
+    // ... and whether P2PDMA is built in.
+    assert_eq!(
+        check(&super::check(&inputs), "p2pdma").verdict,
+        Verdict::Blocking
+    );
+    t.write(
+        "proc/kallsyms",
+        "0000000000000000 T rust_begin_unwind\n0000000000000000 T pci_p2pdma_add_resource\n",
+    );
+    assert_eq!(check(&super::check(&inputs), "p2pdma").verdict, Verdict::Ok);
+    inputs.kconfig = Some("CONFIG_RUST=y\nCONFIG_PCI_P2PDMA=y\n".into());
+    assert_eq!(check(&super::check(&inputs), "rust").verdict, Verdict::Ok);
+    // No module built: say how to build one.
+    let r = super::check(&inputs);
+    assert_eq!(check(&r, "module_file").verdict, Verdict::Warning);
+    assert!(check(&r, "module_file")
+        .fix
+        .as_deref()
+        .unwrap_or("")
+        .contains("make KDIR=/lib/modules/7.2.13/build"));
+    // One built for another kernel: blocking, with both releases named.
+    inputs.module_files = vec![module_file(&t, "old.ko", "7.1.0")];
+    let r = super::check(&inputs);
+    let f = check(&r, "module_file");
+    assert_eq!(f.verdict, Verdict::Blocking);
+    assert!(
+        f.evidence.contains("built for 7.1.0, not 7.2.13"),
+        "{}",
+        f.evidence
+    );
+    // One built for this kernel: loading it is the fix.
+    let good = module_file(&t, "good.ko", "7.2.13");
+    inputs.module_files.push(good.clone());
+    let r = super::check(&inputs);
+    assert_eq!(check(&r, "module_file").verdict, Verdict::Ok);
+    assert_eq!(
+        check(&r, "module").fix.as_deref(),
+        Some(format!("sudo insmod {}", good.display()).as_str())
+    );
+}
+
+#[test]
+fn a_loaded_module_whose_node_cannot_be_opened_is_a_device_problem() {
+    let t = Tree::new("device");
+    std::fs::create_dir_all(t.root.join("module/gdirect")).expect("module dir");
+    let r = super::check(&t.inputs());
+    assert_eq!(check(&r, "module").verdict, Verdict::Ok);
+    let d = check(&r, "device");
+    assert_eq!(d.verdict, Verdict::Blocking);
+    assert!(d.evidence.contains("missing"), "{}", d.evidence);
+    t.write("dev/gdirect", "");
+    let r = super::check(&t.inputs());
+    let d = check(&r, "device");
+    assert!(d.evidence.contains("mode"), "{}", d.evidence);
+}
+
+#[test]
+fn node_permissions_are_decided_as_the_kernel_does() {
+    use super::loading::may_open;
+    // root:gdirect 0660
+    assert!(may_open(0o660, 0, 1234, 1000, &[1000, 1234]));
+    assert!(!may_open(0o660, 0, 1234, 1000, &[1000]));
+    assert!(may_open(0o660, 0, 1234, 0, &[0]));
+    // owner bits for the owner only, even when the group would allow more
+    assert!(!may_open(0o460, 1000, 1234, 1000, &[1234]));
+    assert!(may_open(0o666, 0, 0, 1000, &[1000]));
+    assert!(!may_open(0o664, 0, 0, 1000, &[1000]));
+}
+
+#[test]
+fn vermagic_is_read_from_modinfo() {
+    use super::loading::vermagic_release;
+    assert_eq!(
+        vermagic_release(b"x\0vermagic=7.2.13 SMP preempt mod_unload \0y").as_deref(),
+        Some("7.2.13")
+    );
+    assert_eq!(vermagic_release(b"no modinfo here"), None);
 }
