@@ -17,21 +17,25 @@ use gdirect::{
         Builder, CompatEngine, CudaBackend, DeviceAllocation, HostBackend, PageCache, Segment,
         Sink, Source,
     },
-    CompatReason, Driver, Error, Provider,
+    CompatReason, CudaError, Driver, Error, Provider,
 };
 use pyo3::{
-    exceptions::{PyOSError, PyRuntimeError, PyValueError},
+    exceptions::{PyMemoryError, PyOSError, PyRuntimeError, PyValueError},
     prelude::*,
     types::PyDict,
 };
 
 /// A library error as the Python exception a caller would catch: `OSError` (with its errno, so
 /// that Python picks `FileNotFoundError`, `PermissionError`, ...) for failures of the system,
-/// `ValueError` for arguments, `RuntimeError` for the CUDA driver and the engine itself.
+/// `ValueError` for arguments, `MemoryError` when the CUDA driver is out of memory,
+/// `RuntimeError` for the driver's other failures and the engine itself.
 fn py_err(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
         Error::OutOfMemoryRange { .. } | Error::BadSetting { .. } => PyValueError::new_err(msg),
+        Error::Cuda { .. } if e.cuda_error() == Some(CudaError::OutOfMemory) => {
+            PyMemoryError::new_err(msg)
+        }
         Error::Cuda { .. } | Error::Worker { .. } => PyRuntimeError::new_err(msg),
         e => match e.errno() {
             Some(errno) => PyOSError::new_err((errno as i32, msg)),

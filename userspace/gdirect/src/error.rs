@@ -403,6 +403,15 @@ impl Error {
         }
     }
 
+    /// What kind of CUDA failure a [`Error::Cuda`] is, for a caller that acts on it (free
+    /// memory and retry on [`CudaError::OutOfMemory`]); `None` for other errors.
+    pub fn cuda_error(&self) -> Option<CudaError> {
+        match self {
+            Self::Cuda { error, .. } => Some(CudaError::from_name(error)),
+            _ => None,
+        }
+    }
+
     /// The errno behind the error, where there is one.
     pub fn errno(&self) -> Option<Errno> {
         match self {
@@ -438,6 +447,46 @@ impl Error {
             Self::ModuleNotLoaded { .. }
             | Self::VersionMismatch { .. }
             | Self::DeviceMissing { .. } => None,
+        }
+    }
+}
+
+/// A CUDA driver failure, by what a caller can do about it (from the driver's error name,
+/// `cuGetErrorName`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CudaError {
+    /// `CUDA_ERROR_OUT_OF_MEMORY`: device (or pinned host) memory is exhausted.
+    OutOfMemory,
+    /// `CUDA_ERROR_NO_DEVICE`: no CUDA device.
+    NoDevice,
+    /// `CUDA_ERROR_INVALID_DEVICE`: no device of that ordinal.
+    InvalidDevice,
+    /// `CUDA_ERROR_NOT_INITIALIZED` or `CUDA_ERROR_DEINITIALIZED`: the driver is not (or no
+    /// longer) usable in this process.
+    NotInitialized,
+    /// `CUDA_ERROR_INVALID_VALUE`, `CUDA_ERROR_INVALID_CONTEXT` or
+    /// `CUDA_ERROR_INVALID_HANDLE`: a bad argument (an address that is not CUDA memory, say).
+    InvalidValue,
+    /// `CUDA_ERROR_NOT_PERMITTED` or `CUDA_ERROR_NOT_SUPPORTED`.
+    NotPermitted,
+    /// Anything else, or a failure gdirect found itself.
+    Other,
+}
+
+impl CudaError {
+    /// The kind of the driver error named `name` (`CUDA_ERROR_OUT_OF_MEMORY`...).
+    pub fn from_name(name: &str) -> Self {
+        match name {
+            "CUDA_ERROR_OUT_OF_MEMORY" => Self::OutOfMemory,
+            "CUDA_ERROR_NO_DEVICE" => Self::NoDevice,
+            "CUDA_ERROR_INVALID_DEVICE" => Self::InvalidDevice,
+            "CUDA_ERROR_NOT_INITIALIZED" | "CUDA_ERROR_DEINITIALIZED" => Self::NotInitialized,
+            "CUDA_ERROR_INVALID_VALUE"
+            | "CUDA_ERROR_INVALID_CONTEXT"
+            | "CUDA_ERROR_INVALID_HANDLE" => Self::InvalidValue,
+            "CUDA_ERROR_NOT_PERMITTED" | "CUDA_ERROR_NOT_SUPPORTED" => Self::NotPermitted,
+            _ => Self::Other,
         }
     }
 }
@@ -584,6 +633,28 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 mod tests {
     use super::*;
     use std::error::Error as _;
+
+    #[test]
+    fn cuda_failures_are_typed_by_the_drivers_error_name() {
+        let e = |name: &str| Error::Cuda {
+            what: "cuMemAlloc",
+            error: name.into(),
+        };
+        assert_eq!(
+            e("CUDA_ERROR_OUT_OF_MEMORY").cuda_error(),
+            Some(CudaError::OutOfMemory)
+        );
+        assert_eq!(
+            e("CUDA_ERROR_DEINITIALIZED").cuda_error(),
+            Some(CudaError::NotInitialized)
+        );
+        assert_eq!(
+            e("CUDA_ERROR_INVALID_VALUE").cuda_error(),
+            Some(CudaError::InvalidValue)
+        );
+        assert_eq!(e("a null buffer").cuda_error(), Some(CudaError::Other));
+        assert_eq!(Error::TooManyRegistrations.cuda_error(), None);
+    }
 
     #[test]
     fn kind_names_are_the_cli_json_kinds() {

@@ -58,7 +58,7 @@ pub mod topology;
 mod kernel_path;
 
 pub use driver::{Driver, Info, Provider, Version, ABI_VERSION, DEFAULT_DEVICE_PATH};
-pub use error::{Errno, Error, ErrorKind, Result};
+pub use error::{CudaError, Errno, Error, ErrorKind, Result};
 pub use io::{
     Batch, CompatReason, Completion, Engine, File, IoOptions, IoPath, PathStats, Reason, Stats,
     Transfer, Transport, BATCH_MAX,
