@@ -158,7 +158,8 @@ pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
     let reader = if job.engine.compat {
         GpuReader::compat_only(engine)
     } else {
-        GpuReader::new(engine)
+        // GDIRECT_COMPAT_MODE (auto, on, off) decides, as for any user of the library.
+        GpuReader::from_env(engine).json(json)?
     };
     let mut mem = ctx
         .default_stream()

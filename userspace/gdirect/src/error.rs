@@ -342,6 +342,14 @@ pub enum Error {
         error: String,
     },
 
+    /// The module could not serve a read and the compat engine is switched off
+    /// (`GDIRECT_COMPAT_MODE=off`).
+    #[error("the gdirect module cannot serve this read ({}) and GDIRECT_COMPAT_MODE=off forbids the compat engine", crate::Engine::Compat(*reason).explain())]
+    CompatModeOff {
+        /// Why the module could not serve it.
+        reason: crate::CompatReason,
+    },
+
     /// A worker thread of the compat engine died.
     #[error("{what}")]
     Worker {
@@ -399,6 +407,7 @@ impl Error {
             Self::BadSetting { .. } => ErrorKind::BadSetting,
             Self::Cuda { .. } => ErrorKind::Cuda,
             Self::Worker { .. } => ErrorKind::Worker,
+            Self::CompatModeOff { .. } => ErrorKind::CompatModeOff,
             Self::Ioctl { .. } => ErrorKind::Ioctl,
         }
     }
@@ -427,6 +436,7 @@ impl Error {
             Self::OutOfMemoryRange { .. } => Some(Errno::EOVERFLOW),
             Self::BadSetting { .. } => Some(Errno::EINVAL),
             Self::Cuda { .. } | Self::Worker { .. } => None,
+            Self::CompatModeOff { .. } => Some(Errno::EOPNOTSUPP),
             Self::NotDirect { .. } => Some(Errno::EBADFD),
             Self::BadFile { .. } => Some(Errno::EBADF),
             Self::IoMisaligned { .. } => Some(Errno::ERANGE),
@@ -562,6 +572,8 @@ pub enum ErrorKind {
     Cuda,
     /// A worker thread of the compat engine died ([`Error::Worker`]).
     Worker,
+    /// The module cannot serve a read and compat mode is off ([`Error::CompatModeOff`]).
+    CompatModeOff,
     /// An ioctl failed ([`Error::Ioctl`]).
     Ioctl,
 }
@@ -603,6 +615,7 @@ impl ErrorKind {
             Self::BadSetting => "bad_setting",
             Self::Cuda => "cuda",
             Self::Worker => "worker",
+            Self::CompatModeOff => "compat_mode_off",
             Self::Ioctl => "ioctl",
         }
     }

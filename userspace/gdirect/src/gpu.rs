@@ -36,6 +36,54 @@ pub struct GpuRead {
 pub struct GpuReader {
     engine: CompatEngine<CudaBackend>,
     module: std::result::Result<Driver, CompatReason>,
+    mode: CompatMode,
+}
+
+/// Whether reads may go through the compat engine (`GDIRECT_COMPAT_MODE`, as KvikIO's
+/// `KVIKIO_COMPAT_MODE`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CompatMode {
+    /// The module where it can serve, the compat engine otherwise (the transfer says why).
+    #[default]
+    Auto,
+    /// Always the compat engine.
+    On,
+    /// Only the module: a read it cannot serve is an error ([`Error::CompatModeOff`]), never
+    /// a silent fallback through host memory.
+    Off,
+}
+
+impl CompatMode {
+    /// The mode `GDIRECT_COMPAT_MODE` asks for (`auto`, `on` or `off`; `auto` when unset).
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("GDIRECT_COMPAT_MODE") {
+            Err(_) => Ok(Self::Auto),
+            Ok(v) => Self::parse(&v).ok_or(Error::BadSetting {
+                name: "GDIRECT_COMPAT_MODE",
+                value: v,
+                expected: "auto, on or off",
+            }),
+        }
+    }
+
+    /// `auto`, `on` or `off` (also `true`/`false`, `yes`/`no`, `1`/`0`), any case.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Some(Self::Auto),
+            "on" | "true" | "yes" | "1" => Some(Self::On),
+            "off" | "false" | "no" | "0" => Some(Self::Off),
+            _ => None,
+        }
+    }
+
+    /// Whether a read the module cannot serve, for `why`, goes to the compat engine (`Ok`) or
+    /// fails.
+    fn allow(self, why: CompatReason) -> Result<CompatReason> {
+        match self {
+            Self::Off => Err(Error::CompatModeOff { reason: why }),
+            Self::Auto | Self::On => Ok(why),
+        }
+    }
 }
 
 /// Why the module cannot serve, from the error opening or asking it.
@@ -52,6 +100,20 @@ impl GpuReader {
     /// A reader that uses the module when it is loaded with the `nvidia` provider, and
     /// `engine` otherwise.
     pub fn new(engine: CompatEngine<CudaBackend>) -> Self {
+        Self::with_mode(engine, CompatMode::Auto)
+    }
+
+    /// A reader in the mode `GDIRECT_COMPAT_MODE` asks for ([`CompatMode::from_env`]).
+    pub fn from_env(engine: CompatEngine<CudaBackend>) -> Result<Self> {
+        Ok(Self::with_mode(engine, CompatMode::from_env()?))
+    }
+
+    /// A reader in `mode`: [`CompatMode::On`] never asks the module, [`CompatMode::Off`] never
+    /// uses `engine`.
+    pub fn with_mode(engine: CompatEngine<CudaBackend>, mode: CompatMode) -> Self {
+        if mode == CompatMode::On {
+            return Self::compat_only(engine);
+        }
         let module = match Driver::open() {
             Err(e) => Err(compat_reason_of(&e)),
             Ok(d) => match d.info() {
@@ -60,7 +122,11 @@ impl GpuReader {
                 Err(e) => Err(compat_reason_of(&e)),
             },
         };
-        Self { engine, module }
+        Self {
+            engine,
+            module,
+            mode,
+        }
     }
 
     /// A reader that always uses the compat engine.
@@ -68,7 +134,13 @@ impl GpuReader {
         Self {
             engine,
             module: Err(CompatReason::Requested),
+            mode: CompatMode::On,
         }
+    }
+
+    /// Its mode.
+    pub fn mode(&self) -> CompatMode {
+        self.mode
     }
 
     /// The compat engine.
@@ -100,9 +172,9 @@ impl GpuReader {
                         compat: None,
                     })
                 }
-                Err(Fallback(why)) => why,
+                Err(Fallback(why)) => self.mode.allow(why)?,
             },
-            Err(why) => *why,
+            Err(why) => self.mode.allow(*why)?,
         };
         let src = Source::open(path)?;
         let report = self
@@ -193,5 +265,29 @@ mod tests {
         for r in [CompatReason::NoAccess, CompatReason::Incompatible] {
             assert!(!Engine::Compat(r).explain().contains("not loaded"), "{r:?}");
         }
+    }
+
+    #[test]
+    fn compat_mode_off_is_an_error_never_a_fallback() {
+        assert_eq!(CompatMode::parse(" OFF "), Some(CompatMode::Off));
+        assert_eq!(CompatMode::parse("1"), Some(CompatMode::On));
+        assert_eq!(CompatMode::parse("Auto"), Some(CompatMode::Auto));
+        assert_eq!(CompatMode::parse("sometimes"), None);
+        assert_eq!(CompatMode::default(), CompatMode::Auto);
+        assert_eq!(
+            CompatMode::Auto.allow(CompatReason::NoModule).ok(),
+            Some(CompatReason::NoModule)
+        );
+        let e = CompatMode::Off
+            .allow(CompatReason::NoProvider)
+            .expect_err("off never falls back");
+        assert!(matches!(
+            e,
+            Error::CompatModeOff {
+                reason: CompatReason::NoProvider
+            }
+        ));
+        assert!(e.to_string().contains("GDIRECT_COMPAT_MODE=off"), "{e}");
+        assert_eq!(e.errno(), Some(Errno::EOPNOTSUPP));
     }
 }
