@@ -344,7 +344,7 @@ pub enum Error {
 
     /// The module could not serve a read and the compat engine is switched off
     /// (`GDIRECT_COMPAT_MODE=off`).
-    #[error("the gdirect module cannot serve this read ({}) and GDIRECT_COMPAT_MODE=off forbids the compat engine", crate::Engine::Compat(*reason).explain())]
+    #[error("the gdirect module cannot serve this read ({}) and GDIRECT_COMPAT_MODE=off forbids the compat engine", reason.cause())]
     CompatModeOff {
         /// Why the module could not serve it.
         reason: crate::CompatReason,

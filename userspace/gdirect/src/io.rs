@@ -277,40 +277,42 @@ impl Engine {
     pub fn explain(self) -> String {
         match self {
             Self::Module => "the gdirect module moved the bytes".into(),
-            Self::Compat(CompatReason::NoModule) => {
-                "the gdirect module is not loaded: the library's compat engine read the file".into()
-            }
-            Self::Compat(CompatReason::NoAccess) => {
-                "the gdirect module is loaded but this process may not open its device (mode and \
-                 group of /dev/gdirect): the library's compat engine read the file"
-                    .into()
-            }
-            Self::Compat(CompatReason::Incompatible) => {
-                "the gdirect module speaks another ABI version than this library (a module and a \
-                 library of different releases): the library's compat engine read the file"
-                    .into()
-            }
-            Self::Compat(CompatReason::Unavailable(e)) => format!(
-                "the gdirect module could not be used ({e}): the library's compat engine read the \
-                 file"
-            ),
-            Self::Compat(CompatReason::NoProvider) => {
-                "the module has no nvidia provider (no NVIDIA \
-                 driver exports nv-p2p): the library's compat engine read the file"
-                    .into()
-            }
-            Self::Compat(CompatReason::Refused(Errno::EMEDIUMTYPE)) => {
-                "the GPU driver gives this memory no struct pages (not in NVIDIA's P2PDMA mode), so \
-                 no storage DMA can reach it: the compat engine read the file"
-                    .into()
-            }
-            Self::Compat(CompatReason::Refused(e)) => {
-                format!("the module refused the GPU memory ({e}): the compat engine read the file")
-            }
-            Self::Compat(CompatReason::Unaligned) => "the range is not aligned for direct I/O or \
-                 the memory not for the provider: the compat engine read the file"
-                .into(),
             Self::Compat(CompatReason::Requested) => "the compat engine, as asked".into(),
+            Self::Compat(why) => {
+                format!("{}: the library's compat engine read the file", why.cause())
+            }
+        }
+    }
+}
+
+impl CompatReason {
+    /// Why the module did not serve, in words (what [`Engine::explain`] says before the
+    /// engine that did).
+    pub fn cause(self) -> String {
+        match self {
+            Self::NoModule => "the gdirect module is not loaded".into(),
+            Self::NoAccess => "the gdirect module is loaded but this process may not open its \
+                 device (mode and group of /dev/gdirect)"
+                .into(),
+            Self::Incompatible => {
+                "the gdirect module speaks another ABI version than this library \
+                 (a module and a library of different releases)"
+                    .into()
+            }
+            Self::Unavailable(e) => format!("the gdirect module could not be used ({e})"),
+            Self::NoProvider => {
+                "the module has no nvidia provider (no NVIDIA driver exports nv-p2p)".into()
+            }
+            Self::Refused(Errno::EMEDIUMTYPE) => {
+                "the GPU driver gives this memory no struct pages \
+                 (not in NVIDIA's P2PDMA mode), so no storage DMA can reach it"
+                    .into()
+            }
+            Self::Refused(e) => format!("the module refused the GPU memory ({e})"),
+            Self::Unaligned => "the range is not aligned for direct I/O or the memory not for the \
+                 provider"
+                .into(),
+            Self::Requested => "the compat engine was asked for".into(),
         }
     }
 }
