@@ -23,7 +23,7 @@ gpu=$(_gpu_bdf)
 [ -n "$gpu" ] || ktap_exit_fail_msg "no emulated GPU"
 
 ktap_print_header
-ktap_set_plan 16
+ktap_set_plan 17
 
 # The emulated GPU's driver (it publishes the BAR as P2P memory), without gdirect:
 # sysfs alone.
@@ -37,6 +37,8 @@ _test "without the module: the module check blocks" _expect_eq verdict blocking 
 fix() { echo "$json" | jq -r --arg n "$1" '[.checks[] | select(.name == $n) | .fix] | first'; }
 _test "without the module: module loading is ok here (unsigned modules load)" \
 	_expect_eq verdict ok "$(check module_loading)"
+_test "without the module: the kernel's Rust support is found (no /boot/config here: kallsyms)" \
+	_expect_eq verdict ok "$(check rust)"
 insmod_fix() { fix module | grep -q insmod; }
 _test "without the module: the module check's fix loads it" insmod_fix
 _test "sysfs alone: GPU and $nvme0_ctrl are PIX, direct expected" \

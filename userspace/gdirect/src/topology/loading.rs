@@ -61,6 +61,12 @@ pub(crate) fn may_open(mode: u32, owner: u32, group: u32, uid: u32, groups: &[u3
     rw == 0o6
 }
 
+/// Whether a `/proc/kallsyms` line names a symbol only a kernel with Rust support has.
+fn rust_symbol(line: &str) -> bool {
+    let name = line.split_whitespace().nth(2).unwrap_or("");
+    name.starts_with("rust_helper_") || name.ends_with("rust_begin_unwind")
+}
+
 /// The caller's uid and groups (primary and supplementary).
 fn caller() -> (u32, Vec<u32>) {
     let uid = nix::unistd::getuid().as_raw();
@@ -196,19 +202,20 @@ pub(super) fn checks(inputs: &Inputs<'_>, nvidia_gpus: bool) -> Vec<Check> {
             format!("{release} is built without Rust support (no CONFIG_RUST=y in its config): gdirect, a Rust module, cannot be built or loaded for it"),
             Some("run a kernel built with CONFIG_RUST=y (and its Rust metadata for building modules)".into()),
         ),
-        // No configuration file: the kernel's own symbols tell (a Rust kernel has its panic
-        // handler, `rust_begin_unwind`).
+        // No configuration file: the kernel's own symbols tell. A Rust kernel has its C helpers
+        // for Rust (`rust_helper_*`) and its panic handler (`rust_begin_unwind`, mangled by
+        // recent compilers as `..._7___rustc17rust_begin_unwind`).
         None => match std::fs::read_to_string(inputs.procfs.join("kallsyms")) {
-            Ok(syms) if syms.lines().any(|l| l.ends_with(" rust_begin_unwind")) => ck(
+            Ok(syms) if syms.lines().any(rust_symbol) => ck(
                 "rust",
                 Verdict::Ok,
-                format!("{release} has Rust support (rust_begin_unwind in /proc/kallsyms)"),
+                format!("{release} has Rust support (its Rust symbols are in /proc/kallsyms)"),
                 None,
             ),
             Ok(syms) if !syms.is_empty() => ck(
                 "rust",
                 Verdict::Blocking,
-                format!("{release} has no Rust support (no rust_begin_unwind in /proc/kallsyms): gdirect, a Rust module, cannot be built or loaded for it"),
+                format!("{release} has no Rust support (no Rust symbol in /proc/kallsyms): gdirect, a Rust module, cannot be built or loaded for it"),
                 Some("run a kernel built with CONFIG_RUST=y (and its Rust metadata for building modules)".into()),
             ),
             _ => ck(

@@ -539,7 +539,7 @@ fn the_kernels_rust_support_and_a_built_modules_vermagic_are_checked() {
     );
     t.write(
         "proc/kallsyms",
-        "0000000000000000 T _printk\n0000000000000000 T rust_begin_unwind\n",
+        "0000000000000000 T _printk\n0000000000000000 T _RNvCs1234_7___rustc17rust_begin_unwind\n",
     );
     assert_eq!(check(&super::check(&inputs), "rust").verdict, Verdict::Ok);
     // ... and whether P2PDMA is built in.
@@ -549,7 +549,7 @@ fn the_kernels_rust_support_and_a_built_modules_vermagic_are_checked() {
     );
     t.write(
         "proc/kallsyms",
-        "0000000000000000 T rust_begin_unwind\n0000000000000000 T pci_p2pdma_add_resource\n",
+        "0000000000000000 T rust_helper_BUG\n0000000000000000 T pci_p2pdma_add_resource\n",
     );
     assert_eq!(check(&super::check(&inputs), "p2pdma").verdict, Verdict::Ok);
     inputs.kconfig = Some("CONFIG_RUST=y\nCONFIG_PCI_P2PDMA=y\n".into());
