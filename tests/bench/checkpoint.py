@@ -4,6 +4,11 @@ fastsafetensors, in fresh processes, every load verified against the others' ten
 
 Usage: GDIRECT_COMMIT=<commit> python3 tests/bench/checkpoint.py [--dir DIR] [--gb 6]
        [--runs 3] [--layouts large,sharded,small] [--out results.jsonl]
+       [--loaders safetensors,fastsafetensors,gdirect] [--tuned fastsafetensors:cache=1:...]
+
+--loaders picks the loaders (a fastsafetensors:k=v:... entry is its SafeTensorsFileLoader with
+those settings: cache=1 keeps the page cache, bbuf=KiB, threads=N); --tuned adds one of them,
+recorded as "fastsafetensors-tuned" with its settings in the results' header.
 
 The results go to tests/bench/results/checkpoint-h200.jsonl for scripts/benchmarks.
 
@@ -23,6 +28,8 @@ import subprocess
 import sys
 
 LOADERS = ("safetensors", "fastsafetensors", "gdirect")
+# fastsafetensors with the settings the sweep (--loaders fastsafetensors:...) found best on the
+# H200, given with --tuned.
 
 CHILD = r"""
 import json, os, sys, time
@@ -42,6 +49,18 @@ elif which == "fastsafetensors":
     from fastsafetensors import fastsafe_open
     with fastsafe_open(filenames=files, device="cuda:0", nogds=True) as f:
         d = {k: f.get_tensor(k) for k in f.keys()}
+elif which.startswith("fastsafetensors:"):
+    # Its loader with settings: cache=0|1 (disable_cache, on by default: it drops the page
+    # cache), bbuf=KiB (bbuf_size_kb, default 16 MiB), threads=N (max_threads, default 16).
+    from fastsafetensors import SafeTensorsFileLoader
+    opt = dict(kv.split("=") for kv in which.split(":")[1:])
+    loader = SafeTensorsFileLoader(None, "cuda:0", nogds=True,
+                                   disable_cache=opt.get("cache", "0") == "0",
+                                   bbuf_size_kb=int(opt.get("bbuf", 16 * 1024)),
+                                   max_threads=int(opt.get("threads", 16)))
+    loader.add_filenames({0: files})
+    fb = loader.copy_files_to_device()
+    d = {k: fb.get_tensor_wrapped(k).get_raw() for k in fb.key_to_rank_lidx}
 else:
     from gdirect import safetensors as gst
     d = gst.load(files, device="cuda:0")
@@ -87,7 +106,10 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--layouts", default="large,sharded,small")
     ap.add_argument("--out", default="checkpoint-results.jsonl")
+    ap.add_argument("--loaders", default=",".join(LOADERS))
+    ap.add_argument("--tuned", default=None)
     a = ap.parse_args()
+    loaders = a.loaders.split(",") + ([a.tuned] if a.tuned else [])
     results = []
     for layout in a.layouts.split(","):
         gb = a.gb if layout != "small" else min(a.gb, 1.5)
@@ -100,7 +122,7 @@ def main():
         checksums = set()
         for cold in (False, True):
             for run in range(a.runs):
-                for which in LOADERS:
+                for which in loaders:
                     out = subprocess.run(
                         [sys.executable, "-c", CHILD, which, json.dumps(files), "1" if cold else "0"],
                         capture_output=True, text=True)
@@ -109,7 +131,8 @@ def main():
                         sys.exit(1)
                     r = json.loads(out.stdout.strip().splitlines()[-1])
                     checksums.add(r["checksum"])
-                    rec = {"layout": layout, "loader": which, "cache": "cold" if cold else "warm",
+                    name = "fastsafetensors-tuned" if which == a.tuned else which
+                    rec = {"layout": layout, "loader": name, "cache": "cold" if cold else "warm",
                            "run": run, "bytes": size, "files": len(files), "tensors": r["tensors"],
                            "seconds": r["seconds"], "gb_s": size / r["seconds"] / 1e9}
                     results.append(rec)
@@ -134,6 +157,8 @@ def main():
         "versions": f"torch {torch.__version__}, safetensors {safetensors.__version__}, "
                     f"fastsafetensors {version('fastsafetensors')}",
     }
+    if a.tuned:
+        meta["tuned"] = a.tuned
     with open(a.out, "w") as f:
         f.write(json.dumps({"meta": meta}) + "\n")
         for r in results:
