@@ -155,6 +155,18 @@ fn report<'py>(
     Ok(d)
 }
 
+/// Runs one engine call with the GIL released, timed, and makes its report (`memory` names
+/// where the bytes were: `host` or `cuda:N`).
+fn run_reported<'py>(
+    py: Python<'py>,
+    memory: &str,
+    call: impl FnOnce() -> gdirect::Result<gdirect::compat::Report> + Send,
+) -> PyResult<Bound<'py, PyDict>> {
+    let t0 = Instant::now();
+    let r = py.allow_threads(call).map_err(py_err)?;
+    report(py, &r, memory, t0.elapsed().as_secs_f64())
+}
+
 /// The GPU of `len` bytes of device memory at `ptr`, checked to lie in one allocation the
 /// CUDA driver knows: a range past the allocation's end is refused, not written.
 fn device_range(ptr: u64, len: u64) -> PyResult<usize> {
@@ -230,17 +242,13 @@ impl File {
             return Err(PyValueError::new_err("a null destination address"));
         }
         let engine = host_engine()?;
-        let t0 = Instant::now();
-        let r = py
-            .allow_threads(|| {
-                // SAFETY: the Python half passes the address of a writable buffer of `len`
-                // bytes that it keeps alive (a held memoryview) until this returns; no Rust
-                // reference covers it (the engine writes it by raw copies), so Python threads
-                // touching it meanwhile race with no reference.
-                unsafe { engine.read_host_ptr(&self.src, ptr as *mut u8, len, 0, file_offset, len) }
-            })
-            .map_err(py_err)?;
-        report(py, &r, "host", t0.elapsed().as_secs_f64())
+        run_reported(py, "host", || {
+            // SAFETY: the Python half passes the address of a writable buffer of `len` bytes
+            // that it keeps alive (a held memoryview) until this returns; no Rust reference
+            // covers it (the engine writes it by raw copies), so Python threads touching it
+            // meanwhile race with no reference.
+            unsafe { engine.read_host_ptr(&self.src, ptr as *mut u8, len, 0, file_offset, len) }
+        })
     }
 
     /// Reads `len` bytes at `file_offset` into CUDA device memory at `ptr`, which must lie in
@@ -255,22 +263,13 @@ impl File {
     ) -> PyResult<Bound<'py, PyDict>> {
         let ordinal = device_range(ptr, len)?;
         let engine = cuda_engine(ordinal)?;
-        let t0 = Instant::now();
-        let r = py
-            .allow_threads(|| {
-                // SAFETY: `ptr..ptr + len` lies in a live device allocation of GPU `ordinal`
-                // (checked above), whose engine uses that GPU's primary context (the one CUDA
-                // runtimes such as PyTorch's and CuPy's allocate in); the Python half keeps the
-                // array alive until this returns.
-                unsafe { engine.read_device_ptr(&self.src, ptr, len, 0, file_offset, len) }
-            })
-            .map_err(py_err)?;
-        report(
-            py,
-            &r,
-            &format!("cuda:{ordinal}"),
-            t0.elapsed().as_secs_f64(),
-        )
+        run_reported(py, &format!("cuda:{ordinal}"), || {
+            // SAFETY: `ptr..ptr + len` lies in a live device allocation of GPU `ordinal`
+            // (checked above), whose engine uses that GPU's primary context (the one CUDA
+            // runtimes such as PyTorch's and CuPy's allocate in); the Python half keeps the
+            // array alive until this returns.
+            unsafe { engine.read_device_ptr(&self.src, ptr, len, 0, file_offset, len) }
+        })
     }
 
     /// Writes `len` bytes of host memory at address `ptr` to the file at `file_offset`. The
@@ -288,15 +287,11 @@ impl File {
             return Err(PyValueError::new_err("a null source address"));
         }
         let engine = host_engine()?;
-        let t0 = Instant::now();
-        let r = py
-            .allow_threads(|| {
-                // SAFETY: the Python half passes the address of a buffer of `len` readable
-                // bytes that it keeps alive (a held buffer export) until this returns.
-                unsafe { engine.write_host_ptr(sink, ptr as *const u8, len, file_offset) }
-            })
-            .map_err(py_err)?;
-        report(py, &r, "host", t0.elapsed().as_secs_f64())
+        run_reported(py, "host", || {
+            // SAFETY: the Python half passes the address of a buffer of `len` readable bytes
+            // that it keeps alive (a held buffer export) until this returns.
+            unsafe { engine.write_host_ptr(sink, ptr as *const u8, len, file_offset) }
+        })
     }
 
     /// Writes `len` bytes of CUDA device memory at `ptr` to the file at `file_offset`; the range
@@ -311,21 +306,12 @@ impl File {
         let sink = self.sink()?;
         let ordinal = device_range(ptr, len)?;
         let engine = cuda_engine(ordinal)?;
-        let t0 = Instant::now();
-        let r = py
-            .allow_threads(|| {
-                // SAFETY: `ptr..ptr + len` lies in a live device allocation of GPU `ordinal`
-                // (checked above), whose engine uses that GPU's primary context; the Python
-                // half keeps the array alive until this returns.
-                unsafe { engine.write_device_ptr(sink, ptr, len, file_offset) }
-            })
-            .map_err(py_err)?;
-        report(
-            py,
-            &r,
-            &format!("cuda:{ordinal}"),
-            t0.elapsed().as_secs_f64(),
-        )
+        run_reported(py, &format!("cuda:{ordinal}"), || {
+            // SAFETY: `ptr..ptr + len` lies in a live device allocation of GPU `ordinal`
+            // (checked above), whose engine uses that GPU's primary context; the Python half
+            // keeps the array alive until this returns.
+            unsafe { engine.write_device_ptr(sink, ptr, len, file_offset) }
+        })
     }
 }
 

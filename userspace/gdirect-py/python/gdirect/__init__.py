@@ -279,16 +279,7 @@ class File:
         ``dest`` at byte ``dest_offset``. A read past the end of the file is short: the report's
         ``bytes`` and ``eof`` say so, and the rest of ``dest`` is left as it was.
         """
-        t = _target(dest)
-        file_offset = _index("file_offset", file_offset)
-        dest_offset = _index("dest_offset", dest_offset)
-        size = _span(t, dest_offset, size, "dest_offset", "destination")
-        if t.kind == "cuda":
-            r = self._f.read_cuda(t.ptr + dest_offset, size, file_offset)
-        else:
-            r = self._f.read_host(t.ptr + dest_offset, size, file_offset)
-        del t
-        return Report(**r)
+        return self._call(dest, True, file_offset, dest_offset, size)
 
     def write(
         self,
@@ -303,14 +294,21 @@ class File:
         with mode ``"r+"`` or ``"w"`` (else ``OSError`` EBADF). A write that cannot complete
         raises ``OSError`` with its errno (``ENOSPC``...) and the file offset it reached; nothing
         is synced (``os.fsync`` for that)."""
-        t = _target(src, writable=False)
+        return self._call(src, False, file_offset, src_offset, size)
+
+    def _call(self, mem: Any, read: bool, file_offset: int, mem_offset: int,
+              size: Optional[int]) -> Report:
+        """A read into ``mem`` or a write from it, its arguments checked first."""
+        t = _target(mem, writable=read)
+        name, role = ("dest_offset", "destination") if read else ("src_offset", "source")
         file_offset = _index("file_offset", file_offset)
-        src_offset = _index("src_offset", src_offset)
-        size = _span(t, src_offset, size, "src_offset", "source")
-        if t.kind == "cuda":
-            r = self._f.write_cuda(t.ptr + src_offset, size, file_offset)
-        else:
-            r = self._f.write_host(t.ptr + src_offset, size, file_offset)
+        mem_offset = _index(name, mem_offset)
+        size = _span(t, mem_offset, size, name, role)
+        call = {
+            (True, "cuda"): self._f.read_cuda, (True, "host"): self._f.read_host,
+            (False, "cuda"): self._f.write_cuda, (False, "host"): self._f.write_host,
+        }[(read, t.kind)]
+        r = call(t.ptr + mem_offset, size, file_offset)
         del t
         return Report(**r)
 
