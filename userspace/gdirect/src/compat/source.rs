@@ -153,16 +153,7 @@ impl Source {
         // none means the file takes no direct I/O; one the staging buffers (4 KiB aligned)
         // cannot meet leaves it to the page cache too. Offsets and lengths are aligned to at
         // least 4 KiB, which serves every smaller block size.
-        let (dio_ok, direct_align) = direct_alignment(&buffered);
-        let direct = dio_ok
-            .then(|| {
-                OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_DIRECT)
-                    .open(&path)
-                    .ok()
-            })
-            .flatten();
+        let (direct, direct_align) = direct_twin(&buffered, &path, false);
         let id = file_id(&buffered).map_err(open_err)?;
         let map = Mapping::new(&buffered, id.size).map(Arc::new);
         Ok(Self {
@@ -225,9 +216,31 @@ const MAX_DIRECT_ALIGN: u32 = 64 << 10;
 
 /// `STATX_DIOALIGN`: the file's direct-I/O offset and memory alignments, `(0, 0)` when it takes
 /// no direct I/O; `None` when the kernel does not say (before Linux 6.1, or an old file system).
+/// The file at `path` opened again with `O_DIRECT` (for writing, or reading), where the file
+/// (`buffered`, the same one) takes direct I/O from 4 KiB-aligned buffers, and the offset
+/// alignment direct I/O then needs.
+pub(crate) fn direct_twin(
+    buffered: &std::fs::File,
+    path: &Path,
+    write: bool,
+) -> (Option<std::fs::File>, u64) {
+    let (dio_ok, direct_align) = direct_alignment(buffered);
+    let direct = dio_ok
+        .then(|| {
+            OpenOptions::new()
+                .read(!write)
+                .write(write)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+                .ok()
+        })
+        .flatten();
+    (direct, direct_align)
+}
+
 /// Whether the file takes direct I/O from 4 KiB-aligned buffers, and the offset alignment it
 /// then needs (at least 4 KiB).
-pub(crate) fn direct_alignment(f: &std::fs::File) -> (bool, u64) {
+fn direct_alignment(f: &std::fs::File) -> (bool, u64) {
     match dio_align(f) {
         Some((0, _)) => (false, DIRECT_ALIGN),
         Some((offset, mem)) => (

@@ -14,7 +14,7 @@ use std::{ffi::c_void, ptr::NonNull};
 use std::{
     fs::OpenOptions,
     io,
-    os::{fd::AsRawFd, unix::fs::OpenOptionsExt},
+    os::fd::AsRawFd,
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -28,9 +28,7 @@ use nix::libc;
 
 #[cfg(feature = "cuda")]
 use super::CudaBackend;
-use super::{
-    lock, source::direct_alignment, Backend, CompatEngine, HostBackend, Report, DIRECT_ALIGN,
-};
+use super::{lock, source::direct_twin, Backend, CompatEngine, HostBackend, Report, DIRECT_ALIGN};
 use crate::error::{Errno, Error, Result};
 
 /// A file open for writing through the compat engine.
@@ -58,16 +56,7 @@ impl Sink {
             .truncate(truncate)
             .open(&path)
             .map_err(open_err)?;
-        let (dio_ok, direct_align) = direct_alignment(&buffered);
-        let direct = dio_ok
-            .then(|| {
-                OpenOptions::new()
-                    .write(true)
-                    .custom_flags(libc::O_DIRECT)
-                    .open(&path)
-                    .ok()
-            })
-            .flatten();
+        let (direct, direct_align) = direct_twin(&buffered, &path, true);
         Ok(Self {
             path,
             buffered,
