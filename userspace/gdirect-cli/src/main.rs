@@ -18,7 +18,14 @@ mod gpu;
 
 /// GPU-direct storage: read file data straight into GPU memory.
 #[derive(Parser)]
-#[command(name = "gdirect", version, about, long_about = None)]
+#[command(
+    name = "gdirect",
+    version,
+    about,
+    long_about = None,
+    after_help = "New here? `gdirect check` says whether this node is set up for GPU-direct \
+                  storage (the module, the kernel, the PCIe topology) and what to change."
+)]
 struct Cli {
     /// The gdirect device node.
     #[arg(long, global = true, env = "GDIRECT_DEVICE", default_value = gdirect::DEFAULT_DEVICE_PATH)]
