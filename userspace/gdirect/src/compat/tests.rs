@@ -863,7 +863,25 @@ fn a_write_past_the_end_extends_the_file_and_a_new_file_is_made() {
     // Nothing to write: nothing written, no thread busy.
     // SAFETY: no byte is read.
     let r = unsafe { e.write_host_ptr(&sink, data.as_ptr(), 0, 0) }.expect("empty write");
-    assert_eq!((r.bytes, r.ios), (0, 0));
+    assert_eq!((r.bytes, r.ios, r.threads), (0, 0, 0));
+    // A range past the largest file offset is refused before any byte is written.
+    // SAFETY: no byte is read (refused first).
+    let err = unsafe { e.write_host_ptr(&sink, data.as_ptr(), 4096, i64::MAX as u64 - 100) }
+        .expect_err("past the largest offset");
+    assert!(
+        matches!(
+            err,
+            Error::FileWrite {
+                errno: Errno::EFBIG,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::metadata(&path).expect("stat").len(),
+        8192 + data.len() as u64
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

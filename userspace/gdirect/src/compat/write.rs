@@ -194,17 +194,17 @@ impl<B: Backend> CompatEngine<B> {
         piece: impl Fn(&mut S, u64, usize) -> Result<*const u8> + Sync,
     ) -> Result<Report> {
         let task = self.settings.task_size;
-        let end = offset.checked_add(len).ok_or(Error::OutOfMemoryRange {
-            offset,
-            len,
-            size: u64::MAX,
-        })?;
-        let first_end = end.min((offset / task + 1) * task);
-        let pieces = if len == 0 {
-            0
-        } else {
-            1 + (end - first_end).div_ceil(task)
-        };
+        // A range past the largest file offset: the file cannot grow that far.
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| i64::try_from(e).is_ok())
+            .ok_or_else(|| dst.failed(offset, Errno::EFBIG))?;
+        if len == 0 {
+            // Nothing to write: no worker, no staging buffer.
+            return Ok(Report::default());
+        }
+        let first_end = end.min((offset / task + 1).saturating_mul(task));
+        let pieces = 1 + (end - first_end).div_ceil(task);
         let range = |i: u64| {
             let a = if i == 0 {
                 offset
