@@ -17,7 +17,8 @@ pub enum Error {
     /// The device node does not exist or has no driver behind it.
     #[error(
         "the gdirect kernel module is not loaded: {path} {reason}. Load it with \
-         `sudo insmod gdirect.ko` (built by `make` in the gdirect source tree)"
+         `sudo modprobe gdirect` once installed (README: Installing on a GPU node); \
+         `gdirect check` says whether this node can"
     )]
     ModuleNotLoaded {
         /// The device path that was tried.

@@ -13,6 +13,10 @@ use std::{
 use super::{read, Check, Inputs, Verdict};
 use crate::Provider;
 
+/// How to sign the module with a key the kernel trusts (a Machine Owner Key on Secure Boot).
+const SIGN_FIX: &str =
+    "sign gdirect.ko with your key: scripts/build-for-running-kernel --sign-key MOK.priv --sign-cert MOK.der";
+
 /// EFI's global-variable GUID: `SecureBoot-<guid>` holds whether Secure Boot is on.
 pub(crate) const SECURE_BOOT_VAR: &str =
     "firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-e39fb3f3f9e2";
@@ -44,6 +48,12 @@ pub(crate) fn vermagic_release(module: &[u8]) -> Option<String> {
     let end = value.iter().position(|&b| b == 0).unwrap_or(value.len());
     let text = std::str::from_utf8(&value[..end]).ok()?;
     text.split_whitespace().next().map(str::to_string)
+}
+
+/// Whether a module file ends in an appended signature (`include/linux/module_signature.h`:
+/// the signature, then `struct module_signature`, then this marker).
+pub(crate) fn module_signed(module: &[u8]) -> bool {
+    module.ends_with(b"~Module signature appended~\n")
 }
 
 /// Whether a user (`uid`, in `groups`) may open a node of `mode` owned by `owner:group` for
@@ -181,7 +191,7 @@ pub(super) fn checks(inputs: &Inputs<'_>, nvidia_gpus: bool) -> Vec<Check> {
                 "modules load only with a signature the kernel trusts ({})",
                 signed.join(", ")
             ),
-            Some("sign gdirect.ko with your key (the kernel tree's scripts/sign-file sha256 key.pem cert.der gdirect.ko) and enroll the certificate (mokutil --import cert.der, then reboot)".into()),
+            Some(format!("{SIGN_FIX} and enroll the certificate once (mokutil --import MOK.der, then reboot; README: Installing on a GPU node)")),
         )
     } else {
         ck(
@@ -228,7 +238,9 @@ pub(super) fn checks(inputs: &Inputs<'_>, nvidia_gpus: bool) -> Vec<Check> {
     });
 
     let no_rust = out.last().is_some_and(|c| c.verdict == Verdict::Blocking);
-    let build = format!("make KDIR=/lib/modules/{release}/build");
+    let build = format!(
+        "scripts/build-for-running-kernel (it checks /lib/modules/{release}/build and the compilers), then sudo make install"
+    );
     let mut built = None;
     out.push(if inputs.module_files.is_empty() {
         ck(
@@ -238,22 +250,38 @@ pub(super) fn checks(inputs: &Inputs<'_>, nvidia_gpus: bool) -> Vec<Check> {
             Some(format!("build it against this kernel's tree: {build}")),
         )
     } else {
-        let found: Vec<(PathBuf, Option<String>)> = inputs
+        let found: Vec<(PathBuf, Option<String>, bool)> = inputs
             .module_files
             .iter()
-            .map(|p| (p.clone(), std::fs::read(p).ok().and_then(|b| vermagic_release(&b))))
+            .map(|p| match std::fs::read(p) {
+                Ok(b) => (p.clone(), vermagic_release(&b), module_signed(&b)),
+                Err(_) => (p.clone(), None, false),
+            })
             .collect();
-        match found.iter().find(|(_, r)| r.as_deref() == Some(release.as_str())) {
-            Some((p, _)) => {
+        match found.iter().find(|(_, r, _)| r.as_deref() == Some(release.as_str())) {
+            // The kernel refuses an unsigned module when it enforces signatures (whether it
+            // trusts a signed one's key shows only at load: EKEYREJECTED).
+            Some((p, _, false)) if !signed.is_empty() => ck(
+                "module_file",
+                Verdict::Blocking,
+                format!(
+                    "{} is built for {release} but unsigned, and this kernel loads only signed modules ({})",
+                    p.display(),
+                    signed.join(", ")
+                ),
+                Some(format!("{SIGN_FIX}, then sudo make install")),
+            ),
+            Some((p, _, is_signed)) => {
                 built = Some(p.clone());
-                ck("module_file", Verdict::Ok, format!("{} is built for {release}", p.display()), None)
+                let sig = if *is_signed { ", signed" } else { "" };
+                ck("module_file", Verdict::Ok, format!("{} is built for {release}{sig}", p.display()), None)
             }
             None => ck(
                 "module_file",
                 Verdict::Blocking,
                 found
                     .iter()
-                    .map(|(p, r)| match r {
+                    .map(|(p, r, _)| match r {
                         Some(r) => format!("{} is built for {r}, not {release}", p.display()),
                         None => format!("{} has no vermagic: not a kernel module", p.display()),
                     })
@@ -274,8 +302,13 @@ pub(super) fn checks(inputs: &Inputs<'_>, nvidia_gpus: bool) -> Vec<Check> {
             "none for this kernel: it has no Rust support (see rust)".into()
         } else {
             match &built {
+                // Installed (make install, DKMS): depmod indexed it, modprobe applies the
+                // options of /etc/modprobe.d.
+                Some(p) if p.starts_with("/lib/modules") => {
+                    format!("sudo modprobe gdirect (installed: {})", p.display())
+                }
                 Some(p) => format!("sudo insmod {}", p.display()),
-                None => format!("build gdirect.ko for {release} ({build}), then sudo insmod kernel/gdirect.ko"),
+                None => format!("build and install gdirect.ko for {release} ({build}), then sudo modprobe gdirect"),
             }
         }),
     ));

@@ -186,7 +186,11 @@ fn one_switch_is_pix_and_direct_the_other_root_port_phb() {
     assert_eq!(check(&r, "bar").verdict, Verdict::Ok, "64 GiB BAR");
     let module = check(&r, "module");
     assert_eq!(module.verdict, Verdict::Blocking);
-    assert!(module.fix.as_deref().unwrap_or("").contains("insmod"));
+    assert!(module
+        .fix
+        .as_deref()
+        .unwrap_or("")
+        .contains("modprobe gdirect"));
     assert_eq!(check(&r, "p2pdma").verdict, Verdict::Ok);
 }
 
@@ -462,7 +466,9 @@ fn a_node_that_loads_no_modules_gets_no_insmod_advice() {
     assert_eq!(module.verdict, Verdict::Blocking);
     let fix = module.fix.as_deref().unwrap_or("");
     assert!(
-        !fix.contains("insmod") && fix.contains("module loading is disabled"),
+        !fix.contains("insmod")
+            && !fix.contains("modprobe")
+            && fix.contains("module loading is disabled"),
         "{fix}"
     );
 }
@@ -561,7 +567,7 @@ fn the_kernels_rust_support_and_a_built_modules_vermagic_are_checked() {
         .fix
         .as_deref()
         .unwrap_or("")
-        .contains("make KDIR=/lib/modules/7.2.13/build"));
+        .contains("scripts/build-for-running-kernel (it checks /lib/modules/7.2.13/build"));
     // One built for another kernel: blocking, with both releases named.
     inputs.module_files = vec![module_file(&t, "old.ko", "7.1.0")];
     let r = super::check(&inputs);
@@ -580,6 +586,55 @@ fn the_kernels_rust_support_and_a_built_modules_vermagic_are_checked() {
     assert_eq!(
         check(&r, "module").fix.as_deref(),
         Some(format!("sudo insmod {}", good.display()).as_str())
+    );
+}
+
+#[test]
+fn with_signatures_enforced_an_unsigned_module_blocks_and_a_signed_one_is_advised() {
+    let t = Tree::new("sig-enforce");
+    t.write("module/module/parameters/sig_enforce", "Y\n");
+    t.write("proc/sys/kernel/osrelease", "7.2.13\n");
+    let mut inputs = t.inputs();
+    inputs.kconfig = Some("CONFIG_RUST=y\n".into());
+    let unsigned = module_file(&t, "unsigned.ko", "7.2.13");
+    inputs.module_files = vec![unsigned.clone()];
+    let r = super::check(&inputs);
+    let l = check(&r, "module_loading");
+    assert_eq!(l.verdict, Verdict::Warning);
+    assert!(
+        l.evidence.contains("module.sig_enforce=1"),
+        "{}",
+        l.evidence
+    );
+    let f = check(&r, "module_file");
+    assert_eq!(f.verdict, Verdict::Blocking, "{}", f.evidence);
+    assert!(f.evidence.contains("unsigned"), "{}", f.evidence);
+    assert!(
+        f.fix.as_deref().unwrap_or("").contains("--sign-key"),
+        "{:?}",
+        f.fix
+    );
+    assert!(
+        !check(&r, "module")
+            .fix
+            .as_deref()
+            .unwrap_or("")
+            .contains("insmod"),
+        "no advice to load a module the kernel refuses"
+    );
+    // The same module with a signature appended: found, signed, loading it is the fix.
+    let mut bytes = std::fs::read(&unsigned).expect("module");
+    bytes.extend_from_slice(b"PKCS7...\0\0\x02\0\0\0\0\0\0\0\0\x08~Module signature appended~\n");
+    let signed = t.root.join("signed.ko");
+    std::fs::write(&signed, bytes).expect("signed module");
+    inputs.module_files = vec![signed.clone()];
+    let r = super::check(&inputs);
+    let f = check(&r, "module_file");
+    assert_eq!(f.verdict, Verdict::Ok, "{}", f.evidence);
+    assert!(f.evidence.ends_with(", signed"), "{}", f.evidence);
+    assert_eq!(
+        check(&r, "module").fix.as_deref(),
+        Some(format!("sudo insmod {}", signed.display()).as_str())
     );
 }
 
