@@ -5,7 +5,8 @@
 # are PIX and direct by the kernel's verdict, the NVMe on the other root port
 # PHB and refused; the text report and the JSON say the same; without the
 # module the same relations come from sysfs alone, the module check blocks (with
-# insmod as its fix: the rig loads unsigned modules) and the exit status is 1.
+# build, install and modprobe as its fix), module loading is a warning (the rig's kernel
+# enforces signatures, as module_signature.sh checks) and the exit status is 1.
 #
 # The egpu's class is RAM (ivshmem), so it is a row because its driver
 # publishes its BAR as P2P memory, as a real GPU would be by its class.
@@ -35,12 +36,13 @@ check() { echo "$json" | jq -r --arg n "$1" '[.checks[] | select(.name == $n) | 
 _test "without the module: exit status 1" _expect_eq "exit status" 1 "$rc"
 _test "without the module: the module check blocks" _expect_eq verdict blocking "$(check module)"
 fix() { echo "$json" | jq -r --arg n "$1" '[.checks[] | select(.name == $n) | .fix] | first'; }
-_test "without the module: module loading is ok here (unsigned modules load)" \
-	_expect_eq verdict ok "$(check module_loading)"
+_test "without the module: module loading warns that signatures are enforced" \
+	sh -c '[ "$0" = warning ] && echo "$1" | grep -q "module.sig_enforce=1"' "$(check module_loading)" \
+	"$(echo "$json" | jq -r '[.checks[] | select(.name == "module_loading") | .evidence] | first')"
 _test "without the module: the kernel's Rust support is found (no /boot/config here: kallsyms)" \
 	_expect_eq verdict ok "$(check rust)"
-insmod_fix() { fix module | grep -q insmod; }
-_test "without the module: the module check's fix loads it" insmod_fix
+load_fix() { fix module | grep -q 'then sudo modprobe gdirect'; }
+_test "without the module: the module check's fix builds, installs and loads it" load_fix
 _test "sysfs alone: GPU and $nvme0_ctrl are PIX, direct expected" \
 	_expect_eq "relation expected" "PIX bus_addr" "$(pair "$gpu" "$nvme0_ctrl" '"\(.relation) \(.expected)"')"
 _test "sysfs alone: GPU and $nvme1_ctrl are PHB" \

@@ -13,6 +13,13 @@ for _ip in /usr/sbin/ip /sbin/ip /bin/ip; do
 	[ -x "$_ip" ] && [ ! -L "$_ip" ] && { eval "ip() { $_ip \"\$@\"; }"; break; }
 done
 
+# The same for kmod's modprobe, depmod and modinfo, which the rig installs beside busybox's.
+for _t in modprobe depmod modinfo; do
+	case "$(readlink -f "/usr/sbin/$_t" 2>/dev/null)" in
+	*/kmod) eval "$_t() { /usr/sbin/$_t \"\$@\"; }" ;;
+	esac
+done
+
 GDIRECT_MODULE=${GDIRECT_MODULE:-/lib/gdirect/gdirect.ko}
 GDIRECT_DEV=/dev/gdirect
 
