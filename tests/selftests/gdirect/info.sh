@@ -27,7 +27,7 @@ absent_text() {
 	out=$(gdirect info 2>&1)
 	rc=$?
 	ktap_print_msg "absent: $out"
-	[ $rc -ne 0 ] && echo "$out" | grep -q "module is not loaded" && echo "$out" | grep -q "insmod"
+	[ $rc -ne 0 ] && echo "$out" | grep -q "module is not loaded" && echo "$out" | grep -q "modprobe gdirect"
 }
 _test "without the module: nonzero exit, says it is not loaded and how to load it" absent_text
 absent_json() {
