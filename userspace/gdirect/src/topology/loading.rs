@@ -247,7 +247,11 @@ pub(super) fn checks(inputs: &Inputs<'_>, nvidia_gpus: bool) -> Vec<Check> {
             "module_file",
             Verdict::Warning,
             format!("no gdirect.ko for {release} in /lib/modules/{release}/{{extra,updates/dkms,updates}}"),
-            Some(format!("build it against this kernel's tree: {build}")),
+            Some(if no_rust {
+                "none for this kernel: it has no Rust support (see rust)".into()
+            } else {
+                format!("build it against this kernel's tree: {build}")
+            }),
         )
     } else {
         let found: Vec<(PathBuf, Option<String>, bool)> = inputs

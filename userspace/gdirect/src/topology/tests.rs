@@ -532,6 +532,12 @@ fn the_kernels_rust_support_and_a_built_modules_vermagic_are_checked() {
         .as_deref()
         .unwrap_or("")
         .contains("no Rust support"));
+    // Nor advice to build a module that no kernel of this node can load.
+    let fix = check(&r, "module_file").fix.clone().unwrap_or_default();
+    assert!(
+        fix.contains("no Rust support") && !fix.contains("build-for-running-kernel"),
+        "{fix}"
+    );
     inputs.kconfig = None;
     assert_eq!(
         check(&super::check(&inputs), "rust").verdict,
