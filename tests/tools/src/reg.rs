@@ -27,6 +27,9 @@
 //!   nopages                        REGISTER of GPU memory without struct pages (egpu nopages=1)
 //!   query-stall PEER               a QUERY whose output buffer faults (userfaultfd, not served)
 //!                                  while the memory is freed: the free must not wait for it
+//!   pin-stall SIZE                 REGISTER of host memory whose last page faults into a
+//!                                  userfaultfd that is never served: `faulted pid=PID` once
+//!                                  the pin waits there (the test then kills the process)
 //!   query-privilege PEER UNDRIVEN  QUERY of a host registration as the caller is: addresses,
 //!                                  the map type alone, and a peer no driver drives
 //! Exit status: 0 when every check passed, 1 when one failed, 2 on a usage or setup error.
@@ -105,6 +108,10 @@ fn main() -> ExitCode {
         (Some("nopages"), _) => nopages(),
         (Some("query-stall"), _) => match peer(1) {
             Some(p) => query_stall(p),
+            _ => return usage(),
+        },
+        (Some("pin-stall"), _) => match num(1) {
+            Some(size) => pin_stall(size),
             _ => return usage(),
         },
         (Some("query-privilege"), _) => match (peer(1), peer(2)) {
@@ -824,13 +831,107 @@ nix::ioctl_readwrite!(uffdio_api, 0xAA, 0x3F, UffdioApi);
 nix::ioctl_readwrite!(uffdio_register, 0xAA, 0x00, UffdioRegister);
 nix::ioctl_readwrite!(uffdio_zeropage, 0xAA, 0x04, UffdioZeropage);
 
+/// A userfaultfd of this process with `[addr, addr + len)` (its own anonymous memory, not yet
+/// touched) registered for missing-page faults: a fault there waits until someone serves it.
+fn uffd_missing(addr: u64, len: u64) -> gdirect::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let fail = |what: &'static str| {
+        move |errno: Errno| Error::Allocation {
+            what: what.into(),
+            errno,
+        }
+    };
+    // SAFETY: plain system call; a valid fd on success.
+    let raw = unsafe { nix::libc::syscall(nix::libc::SYS_userfaultfd, nix::libc::O_CLOEXEC) };
+    if raw < 0 {
+        return Err(fail("a userfaultfd")(Errno::last()));
+    }
+    // SAFETY: the fd was just created and is owned by nothing else.
+    let uffd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+    let mut api = UffdioApi {
+        api: 0xAA,
+        features: 0,
+        ioctls: 0,
+    };
+    // SAFETY: valid fd and struct.
+    unsafe { uffdio_api(uffd.as_raw_fd(), &mut api) }.map_err(fail("UFFDIO_API"))?;
+    let mut r = UffdioRegister {
+        range: UffdioRange { start: addr, len },
+        mode: 1, // UFFDIO_REGISTER_MODE_MISSING
+        ioctls: 0,
+    };
+    // SAFETY: valid fd and struct; the range is the caller's own mapping.
+    unsafe { uffdio_register(uffd.as_raw_fd(), &mut r) }.map_err(fail("UFFDIO_REGISTER"))?;
+    Ok(uffd)
+}
+
+/// A REGISTER of SIZE bytes of host memory whose last page faults into a userfaultfd that is
+/// never served: the pin waits there, as a pin of memory backed by a stalled FUSE file or
+/// userfaultfd handler would. Prints `faulted pid=PID` once the pin is waiting, then waits for
+/// the test to kill the process; the REGISTER never returns on its own (if it does, its result
+/// is printed).
+fn pin_stall(size: u64) -> gdirect::Result<()> {
+    use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
+    use std::io::Write;
+    let page = 4096u64;
+    let len =
+        std::num::NonZeroUsize::new(size as usize).filter(|_| size >= 2 * page && size % page == 0);
+    let len = len.ok_or(Error::Allocation {
+        what: "SIZE: a multiple of 4096 of at least two pages".into(),
+        errno: Errno::EINVAL,
+    })?;
+    let fd = open_dev()?;
+    // SAFETY: a fresh private anonymous mapping, touched only below.
+    let region = unsafe {
+        mmap_anonymous(
+            None,
+            len,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_PRIVATE,
+        )
+    }
+    .map_err(|errno| Error::Allocation {
+        what: "the buffer".into(),
+        errno,
+    })?;
+    let base = region.as_ptr() as u64;
+    let last = base + size - page;
+    let uffd = uffd_missing(last, page)?;
+    // Every page but the last is populated: the pin goes through them at once.
+    for a in (base..last).step_by(page as usize) {
+        // SAFETY: `a` is inside the mapping made above, which nothing else uses.
+        unsafe { std::ptr::write_volatile(a as *mut u8, 0x5a) };
+    }
+    std::thread::spawn(move || {
+        let mut msg = [0u8; 32];
+        if nix::unistd::read(&uffd, &mut msg).is_ok_and(|n| n == 32) {
+            println!("faulted pid={}", std::process::id());
+        } else {
+            println!("FAIL: reading the userfaultfd");
+        }
+        let _ = std::io::stdout().flush();
+        // The fault is never served; the userfaultfd stays open with this thread.
+        loop {
+            std::thread::park();
+        }
+    });
+    let (r, _) = register_raw(&fd, Provider::Host.id(), base, size, 0);
+    println!("register={r}");
+    check(
+        "the REGISTER waits until the process is killed",
+        false,
+        || format!("it returned {r}"),
+    );
+    Ok(())
+}
+
 /// A QUERY writes its addresses into a buffer whose page faults into a userfaultfd that nobody
 /// serves yet, as a FUSE- or userfaultfd-backed buffer of a stalled process would; meanwhile the
 /// GPU memory is freed. The free (whose callback waits for what the QUERY holds) must finish while
 /// the QUERY is still stuck in its copy; then the fault is served and the QUERY ends.
 fn query_stall(peer: PciAddress) -> gdirect::Result<()> {
     use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
-    use std::{os::fd::FromRawFd, sync::mpsc};
+    use std::sync::mpsc;
     let fail = |what: &'static str| {
         move |errno: Errno| Error::Allocation {
             what: what.into(),
@@ -853,31 +954,11 @@ fn query_stall(peer: PciAddress) -> gdirect::Result<()> {
         )
     }
     .map_err(fail("an anonymous page"))?;
-    // SAFETY: plain system call; a valid fd on success.
-    let raw = unsafe { nix::libc::syscall(nix::libc::SYS_userfaultfd, nix::libc::O_CLOEXEC) };
-    if raw < 0 {
-        return Err(fail("a userfaultfd")(Errno::last()));
-    }
-    // SAFETY: the fd was just created and is owned by nothing else.
-    let uffd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
-    let mut api = UffdioApi {
-        api: 0xAA,
-        features: 0,
-        ioctls: 0,
-    };
-    // SAFETY: valid fd and struct.
-    unsafe { uffdio_api(uffd.as_raw_fd(), &mut api) }.map_err(fail("UFFDIO_API"))?;
+    let uffd = uffd_missing(region.as_ptr() as u64, 4096)?;
     let range = || UffdioRange {
         start: region.as_ptr() as u64,
         len: 4096,
     };
-    let mut r = UffdioRegister {
-        range: range(),
-        mode: 1, // UFFDIO_REGISTER_MODE_MISSING
-        ioctls: 0,
-    };
-    // SAFETY: valid fd and struct; the range is our own mapping.
-    unsafe { uffdio_register(uffd.as_raw_fd(), &mut r) }.map_err(fail("UFFDIO_REGISTER"))?;
     // SAFETY: the page is mapped, readable and writable, and only written through this slice
     // (by the kernel's copy, which faults into the userfaultfd first).
     let out: &mut [u64] = unsafe { std::slice::from_raw_parts_mut(region.as_ptr().cast(), 16) };
