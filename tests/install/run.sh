@@ -213,6 +213,16 @@ rc=$?
 check "a key that does not match the certificate: an error, the module unchanged" \
 	sh -c '[ "$0" -ne 0 ] && [ "$(sha256sum <kernel/gdirect.ko)" = "$1" ] && [ -z "$(ls kernel/gdirect.ko.* 2>/dev/null)" ]' "$rc" "$sum1"
 
+# make with a key of one's own (a MOK), and the emulated GPU module signed the same way.
+out=$(make -s modules SIGN_KEY="$work/other.pem" SIGN_CERT="$work/other.x509" 2>&1)
+echo "$out" | sed 's/^/# /'
+check "make SIGN_KEY=... signs with that key" test "$(modinfo -F signer kernel/gdirect.ko)" = other
+make -s modules >/dev/null 2>&1
+check "  and plain make signs with the test kernel's key again" test "$(modinfo -F signer kernel/gdirect.ko)" = "$signer"
+make -s egpu 2>&1 | sed 's/^/# /'
+check "make egpu builds the emulated GPU module, signed with the test kernel's key" \
+	test "$(modinfo -F signer tests/egpu/gdirect_egpu.ko 2>/dev/null)" = "$signer"
+
 # 4. DKMS in private trees (not the host's /usr/src, /var/lib/dkms or /lib/modules; DKMS finds
 # no sign-file under /lib/modules/$release, so it makes no MOK and signs nothing).
 if ! command -v dkms >/dev/null; then
