@@ -247,7 +247,7 @@ mod tests {
         assert!(matches!(err, Error::ModuleNotLoaded { .. }), "{err:?}");
         let text = err.to_string();
         assert!(
-            text.contains("/nonexistent/gdirect") && text.contains("insmod"),
+            text.contains("/nonexistent/gdirect") && text.contains("modprobe gdirect"),
             "{text}"
         );
     }

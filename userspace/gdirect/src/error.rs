@@ -132,7 +132,8 @@ pub enum Error {
     /// The module's pinned-bytes limit would be exceeded.
     #[error(
         "registering {len} more bytes would exceed the module's max_pinned_bytes limit (see \
-         `gdirect info`; set it when loading: insmod gdirect.ko max_pinned_bytes=N)"
+         `gdirect info`; set it when loading: `options gdirect max_pinned_bytes=N` in \
+         /etc/modprobe.d/gdirect.conf)"
     )]
     PinLimit {
         /// The length asked for.
@@ -143,7 +144,8 @@ pub enum Error {
     #[error(
         "registering {len} more bytes would exceed the module's max_pinned_bytes_per_user limit \
          of {limit} bytes: this user (real uid, all its processes) has {pinned} pinned (see \
-         `gdirect info`; an administrator sets it: insmod gdirect.ko max_pinned_bytes_per_user=N)"
+         `gdirect info`; an administrator sets it: `options gdirect \
+         max_pinned_bytes_per_user=N` in /etc/modprobe.d/gdirect.conf)"
     )]
     UserPinLimit {
         /// The length asked for.
