@@ -3,7 +3,9 @@
 #
 # Block requests failed on purpose (fail_make_request) on the NVMe namespace,
 # under random GPU-targeted reads, synchronous and batched, P2P and bounced:
-# at 1% some reads fail, at 100% all do; every failure is an errno to the
+# at 5% some reads fail, at 100% all do (at 5% the 400 reads, mostly of one request each,
+# see about 20 failures: none at all has a chance of 0.95^400, about 1e-9; at 1% it was
+# 0.99^400, about 2%, and it happened); every failure is an errno to the
 # caller, never a partial success, every success is byte-exact; nothing stays
 # pinned; once injection stops every read succeeds again.
 
@@ -53,14 +55,14 @@ faults() {
 	out=$(cat /tmp/fault-io.out)
 	rm -f "$gate.ready" "$gate.go" /tmp/fault-io.out
 }
-faults 1 400
-ktap_print_msg "1%: $(echo "$out" | tail -n 1) (seed $seed)"
-echo "GDIRECT-FIGURE fault_io at=1% seed=$seed $(echo "$out" | tail -n 1)"
-_test "at 1%: no partial success, no wrong byte" _expect_eq "exit status" 0 "$rc"
+faults 5 400
+ktap_print_msg "5%: $(echo "$out" | tail -n 1) (seed $seed)"
+echo "GDIRECT-FIGURE fault_io at=5% seed=$seed $(echo "$out" | tail -n 1)"
+_test "at 5%: no partial success, no wrong byte" _expect_eq "exit status" 0 "$rc"
 some() { [ "$(kv "$out" failed)" -gt 0 ] && [ "$(kv "$out" ok)" -gt 0 ]; }
-_test "at 1%: some reads failed, the others delivered" some
+_test "at 5%: some reads failed, the others delivered" some
 only_eio() { kv "$out" errnos | grep -qE '^(EIO:[0-9]+)$'; }
-_test "at 1%: every failure is EIO" only_eio
+_test "at 5%: every failure is EIO" only_eio
 
 faults 100 60
 ktap_print_msg "100%: $(echo "$out" | tail -n 1)"
