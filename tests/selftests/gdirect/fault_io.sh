@@ -37,7 +37,8 @@ echo -1 >"$fi/times"
 echo 0 >"$fi/space"
 echo 1 >"/sys/block/$disk/make-it-fail"
 
-# The tool sets up (opens, reads the reference) first; the injection starts after.
+# The tool sets up (opens, reads the reference) first; the injection starts after, and ends
+# with its reads.
 gate=/tmp/fault-io-gate
 faults() {
 	rm -f "$gate.ready" "$gate.go"
@@ -52,6 +53,8 @@ faults() {
 	touch "$gate.go"
 	wait $pid
 	rc=$?
+	# Off again before the next phase's tool opens the device and reads its reference.
+	echo 0 >"$fi/probability"
 	out=$(cat /tmp/fault-io.out)
 	rm -f "$gate.ready" "$gate.go" /tmp/fault-io.out
 }
