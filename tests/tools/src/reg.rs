@@ -831,6 +831,25 @@ nix::ioctl_readwrite!(uffdio_api, 0xAA, 0x3F, UffdioApi);
 nix::ioctl_readwrite!(uffdio_register, 0xAA, 0x00, UffdioRegister);
 nix::ioctl_readwrite!(uffdio_zeropage, 0xAA, 0x04, UffdioZeropage);
 
+/// A fresh private anonymous mapping of `len` bytes, readable and writable, never unmapped (the
+/// scenarios run once per process).
+fn anonymous(len: std::num::NonZeroUsize) -> gdirect::Result<std::ptr::NonNull<std::ffi::c_void>> {
+    use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
+    // SAFETY: a new mapping at an address the kernel picks overlaps no memory in use.
+    unsafe {
+        mmap_anonymous(
+            None,
+            len,
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+            MapFlags::MAP_PRIVATE,
+        )
+    }
+    .map_err(|errno| Error::Allocation {
+        what: "an anonymous mapping".into(),
+        errno,
+    })
+}
+
 /// A userfaultfd of this process with `[addr, addr + len)` (its own anonymous memory, not yet
 /// touched) registered for missing-page faults: a fault there waits until someone serves it.
 fn uffd_missing(addr: u64, len: u64) -> gdirect::Result<OwnedFd> {
@@ -871,7 +890,6 @@ fn uffd_missing(addr: u64, len: u64) -> gdirect::Result<OwnedFd> {
 /// the test to kill the process; the REGISTER never returns on its own (if it does, its result
 /// is printed).
 fn pin_stall(size: u64) -> gdirect::Result<()> {
-    use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
     use std::io::Write;
     let page = 4096u64;
     let len =
@@ -881,19 +899,7 @@ fn pin_stall(size: u64) -> gdirect::Result<()> {
         errno: Errno::EINVAL,
     })?;
     let fd = open_dev()?;
-    // SAFETY: a fresh private anonymous mapping, touched only below.
-    let region = unsafe {
-        mmap_anonymous(
-            None,
-            len,
-            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-            MapFlags::MAP_PRIVATE,
-        )
-    }
-    .map_err(|errno| Error::Allocation {
-        what: "the buffer".into(),
-        errno,
-    })?;
+    let region = anonymous(len)?;
     let base = region.as_ptr() as u64;
     let last = base + size - page;
     let uffd = uffd_missing(last, page)?;
@@ -930,7 +936,6 @@ fn pin_stall(size: u64) -> gdirect::Result<()> {
 /// GPU memory is freed. The free (whose callback waits for what the QUERY holds) must finish while
 /// the QUERY is still stuck in its copy; then the fault is served and the QUERY ends.
 fn query_stall(peer: PciAddress) -> gdirect::Result<()> {
-    use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
     use std::sync::mpsc;
     let fail = |what: &'static str| {
         move |errno: Errno| Error::Allocation {
@@ -944,16 +949,7 @@ fn query_stall(peer: PciAddress) -> gdirect::Result<()> {
     let va = alloc.va();
     let reg = driver.register(&alloc)?;
     let len = std::num::NonZeroUsize::new(4096).ok_or(fail("a page")(Errno::EINVAL))?;
-    // SAFETY: a fresh private anonymous mapping, used only through `out` below.
-    let region = unsafe {
-        mmap_anonymous(
-            None,
-            len,
-            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-            MapFlags::MAP_PRIVATE,
-        )
-    }
-    .map_err(fail("an anonymous page"))?;
+    let region = anonymous(len)?;
     let uffd = uffd_missing(region.as_ptr() as u64, 4096)?;
     let range = || UffdioRange {
         start: region.as_ptr() as u64,
