@@ -16,6 +16,7 @@ use kernel::prelude::*;
 mod batch;
 mod bounce;
 mod error;
+mod fabric;
 mod file;
 mod io;
 mod memlock;

@@ -41,7 +41,7 @@ use kernel::{
 };
 
 use crate::{
-    bounce, error,
+    bounce, error, fabric,
     multipath::{self, Paths},
     path::{
         self,
@@ -174,6 +174,29 @@ pub(crate) fn transport_of(
     transport
 }
 
+/// The PCI device that DMAs for `disk` (whose device is `disk_dev`) and its transport: the NVMe
+/// controller's PCI function, or for NVMe-oF over RDMA the adapter the connection goes through
+/// (`fabric::rnic_of`); none for other fabrics (TCP: the CPU copies).
+///
+/// # Safety
+///
+/// `disk` and `disk_dev` (with its ancestors) are valid for the call.
+pub(crate) unsafe fn dma_device_of(
+    disk: *mut bindings::gendisk,
+    disk_dev: *mut bindings::device,
+) -> (Option<ARef<pci::Device>>, u32) {
+    let dma_dev = pci_ancestor(disk_dev);
+    let transport = transport_of(disk, disk_dev, dma_dev.is_some());
+    if dma_dev.is_some() || transport != uapi::TRANSPORT_RDMA {
+        return (dma_dev, transport);
+    }
+    // SAFETY: as above; `diskseq` is set before the disk is added and changes only with its media.
+    (
+        unsafe { fabric::rnic_of(disk_dev, (*disk).diskseq) },
+        transport,
+    )
+}
+
 impl Target {
     /// The target of an open file: its block device, or the one its file system lives on.
     fn of(file: &File) -> Result<Self> {
@@ -213,11 +236,8 @@ impl Target {
         let (dma_dev, transport) = match &paths {
             _ if data_elsewhere => (None, uapi::TRANSPORT_UNKNOWN),
             Some(p) => (None, p.transport),
-            None => {
-                let dma_dev = pci_ancestor(disk_dev);
-                let transport = transport_of(disk, disk_dev, dma_dev.is_some());
-                (dma_dev, transport)
-            }
+            // SAFETY: the disk of an open file's block device, and its device, outlive the file.
+            None => unsafe { dma_device_of(disk, disk_dev) },
         };
         // SAFETY: as above.
         let sectors = unsafe { gdirect_get_capacity(disk.cast()) };
@@ -255,36 +275,53 @@ impl Target {
 /// The transport of the NVMe controller at or above `dev`, from the controller's own
 /// `transport` attribute (`nvme_sysfs_show_transport`): the driver-model way to ask it, since
 /// `struct nvme_ctrl` is private to the NVMe core.
-fn nvme_transport(mut dev: *mut bindings::device) -> Result<Option<u32>> {
-    let page = kernel::page::Page::alloc_page(GFP_KERNEL)?;
-    while !dev.is_null() {
-        // SAFETY: `dev` and its ancestors are valid while the disk below them is; the show
-        // function writes at most a page into `buf`, a page-aligned page we own.
-        let n = unsafe {
-            match device_attr(dev, c"transport") {
-                Some(attr) => {
-                    let buf = gdirect_page_address(page.as_ptr().cast()).cast::<u8>();
-                    let Some(show) = (*attr).__bindgen_anon_1.show else {
-                        return Ok(None);
-                    };
-                    let n = show(dev, attr, buf.cast());
-                    (n > 0).then(|| {
-                        core::slice::from_raw_parts(buf, (n as usize).min(PAGE_SIZE as usize))
-                    })
-                }
-                None => None,
-            }
-        };
-        if let Some(text) = n {
-            let name = text.split(|b| *b == b'\n').next().unwrap_or(&[]);
-            return Ok(Some(match name {
+fn nvme_transport(dev: *mut bindings::device) -> Result<Option<u32>> {
+    // SAFETY: `dev` and its ancestors are valid while the disk below them is.
+    unsafe {
+        ancestor_attr(dev, c"transport", |text| {
+            match text.split(|b| *b == b'\n').next().unwrap_or(&[]) {
                 b"pcie" => uapi::TRANSPORT_PCIE,
                 b"rdma" => uapi::TRANSPORT_RDMA,
                 b"tcp" => uapi::TRANSPORT_TCP,
                 b"loop" => uapi::TRANSPORT_LOOP,
                 b"fc" => uapi::TRANSPORT_FC,
                 _ => uapi::TRANSPORT_UNKNOWN,
-            }));
+            }
+        })
+    }
+}
+
+/// `parse` applied to the text of the device attribute `name` of the nearest device at or above
+/// `dev` that has one (an NVMe controller's `transport` or `address`, for a disk below it).
+/// `None` when no device on the way has it, or its show function gives nothing.
+///
+/// # Safety
+///
+/// `dev` and its ancestors are valid for the call.
+pub(crate) unsafe fn ancestor_attr<R>(
+    mut dev: *mut bindings::device,
+    name: &CStr,
+    parse: impl FnOnce(&[u8]) -> R,
+) -> Result<Option<R>> {
+    let page = kernel::page::Page::alloc_page(GFP_KERNEL)?;
+    while !dev.is_null() {
+        // SAFETY: `dev` is valid (see the safety section).
+        if let Some(attr) = unsafe { device_attr(dev, name) } {
+            // SAFETY: `attr` is an attribute of `dev`, which lives as long.
+            let Some(show) = (unsafe { (*attr).__bindgen_anon_1.show }) else {
+                return Ok(None);
+            };
+            // SAFETY: the page is ours, mapped, and a page long.
+            let buf = unsafe { gdirect_page_address(page.as_ptr().cast()) }.cast::<u8>();
+            // SAFETY: a show function writes at most a page into `buf`.
+            let n = unsafe { show(dev, attr, buf.cast()) };
+            if n <= 0 {
+                return Ok(None);
+            }
+            // SAFETY: the show function wrote `n` bytes (at most a page) into `buf`.
+            let text =
+                unsafe { core::slice::from_raw_parts(buf, (n as usize).min(PAGE_SIZE as usize)) };
+            return Ok(Some(parse(text)));
         }
         // SAFETY: as above.
         dev = unsafe { (*dev).parent };

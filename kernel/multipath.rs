@@ -31,9 +31,8 @@ use kernel::{
 
 use crate::{
     io::{
-        pci_ancestor,
-        queue_takes_p2p,
-        transport_of, //
+        dma_device_of,
+        queue_takes_p2p, //
     },
     path::Reach,
     uapi,
@@ -165,8 +164,8 @@ unsafe extern "C" fn visit(dev: *mut bindings::device, data: *mut c_void) -> c_i
         bindings::kernfs_put(link);
         disk
     };
-    let dma_dev = pci_ancestor(dev);
-    let transport = transport_of(disk, dev, dma_dev.is_some());
+    // SAFETY: a registered path disk and its device are valid during the walk.
+    let (dma_dev, transport) = unsafe { dma_device_of(disk, dev) };
     let paths = &mut walk.paths;
     paths.transport = match paths.count {
         0 => transport,

@@ -46,8 +46,9 @@ pub(crate) enum Memory {
 /// How the storage's DMA device reaches the memory (`topology::MapType`, or none found).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Reach {
-    /// No PCI DMA device was found below the storage: NVMe-oF, whose DMA device is the RDMA
-    /// adapter the transport uses. Its driver checks the reach when it maps the pages.
+    /// No PCI DMA device was found for the storage: NVMe-oF whose RDMA adapter could not be
+    /// identified (`fabric.rs`: an IPv6 address, say). Its driver checks the reach when it maps
+    /// the pages, and fails the I/O rather than corrupt it.
     Unknown,
     /// Peer to peer is not possible on this path.
     NotSupported,

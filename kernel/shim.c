@@ -13,11 +13,13 @@
 #include <linux/kthread.h>
 #include <linux/memcontrol.h>
 #include <linux/mm.h>
+#include <linux/netdevice.h>
 #include <linux/pci.h>
 #include <linux/pci-p2pdma.h>
 #include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
 #include <linux/workqueue.h>
+#include <net/route.h>
 
 struct pci_dev *gdirect_pci_upstream_bridge(struct pci_dev *dev);
 struct pci_dev *gdirect_pci_upstream_bridge(struct pci_dev *dev)
@@ -246,4 +248,48 @@ void gdirect_mem_cgroup_put(void *memcg);
 void gdirect_mem_cgroup_put(void *memcg)
 {
 	mem_cgroup_put(memcg);
+}
+
+/* fabric.rs: the route to an IPv4 address (__be32), in the initial namespace. */
+struct rtable *gdirect_ip_route_output(__be32 daddr);
+struct rtable *gdirect_ip_route_output(__be32 daddr)
+{
+	return ip_route_output(&init_net, daddr, 0, 0, 0, RT_SCOPE_UNIVERSE);
+}
+
+struct net_device *gdirect_rt_dev(struct rtable *rt);
+struct net_device *gdirect_rt_dev(struct rtable *rt)
+{
+	return dst_dev(&rt->dst);
+}
+
+void gdirect_ip_rt_put(struct rtable *rt);
+void gdirect_ip_rt_put(struct rtable *rt)
+{
+	ip_rt_put(rt);
+}
+
+void gdirect_dev_hold(struct net_device *dev);
+void gdirect_dev_hold(struct net_device *dev)
+{
+	dev_hold(dev);
+}
+
+/* struct net_device is opaque to bindgen: its fields fabric.rs reads. */
+int gdirect_netdev_ifindex(const struct net_device *dev);
+int gdirect_netdev_ifindex(const struct net_device *dev)
+{
+	return dev->ifindex;
+}
+
+struct device *gdirect_netdev_parent(const struct net_device *dev);
+struct device *gdirect_netdev_parent(const struct net_device *dev)
+{
+	return dev->dev.parent;
+}
+
+void gdirect_dev_put(struct net_device *dev);
+void gdirect_dev_put(struct net_device *dev)
+{
+	dev_put(dev);
 }
