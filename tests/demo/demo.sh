@@ -3,10 +3,11 @@
 #
 # The guest half of scripts/demo: load gdirect and the emulated GPU, read from
 # the NVMe under the GPU's PCIe switch into GPU memory (peer to peer), from the
-# NVMe across the host bridge (bounced, and why), then over NVMe-oF/RDMA
-# (soft-RoCE on an in-guest veth); the host checks the bytes in its /dev/shm
-# file against the drive image it wrote. Lines starting "demo:" are the
-# narration scripts/demo shows.
+# NVMe across the host bridge (bounced, and why), then over NVMe-oF/RDMA:
+# through soft-RoCE on an in-guest veth (bounced, and why), and through a
+# P2P-capable RNIC under the GPU's switch (peer to peer: the seed's whole path);
+# the host checks the bytes in its /dev/shm file against the drive image it
+# wrote. Lines starting "demo:" are the narration scripts/demo shows.
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 . "$GDIRECT_LIB/nvmeof_common.sh"
@@ -68,11 +69,23 @@ gdirect check nvmeof | sed -n '2p' | sed 's/^/demo:   /'
 mount -t ext4 "$NVMEOF_NS" "$mnt" || fail "mount of the remote namespace"
 
 say "5. a GPU-targeted read of data.bin on the remote namespace: GPU memory <- RDMA <- target <- NVMe"
-say "   (soft-RoCE cannot DMA peer to peer, so the module bounces and says why; with a hardware RNIC the same"
-say "   code takes the P2P path)"
+say "   (soft-RoCE on a veth has no PCI function to DMA through, so the module bounces and says why)"
 gpu_read "$mnt/data.bin" nvme0:$((2 << 20)) 8
 
-say "6. tear down: unmount, disconnect, remove the target, the rxe link and the veth, unload"
+say "6. the same file through a P2P-capable RNIC: soft-RoCE rxe_near on a virtio NIC under the GPU's"
+say "   PCIe switch ($(_rnic_pci near)), DMA-mapping through its PCI function as a hardware RNIC does"
+say "   (tests/rxe); the target exports the namespace on $GDIRECT_RNIC_NEAR_ADDR too"
+umount "$mnt" && _nvmeof_disconnect "$nqn" || fail "disconnect from the veth port"
+_rnic_up near && _nvmet_port_add rdma-near && _nvmet_link rdma-near "$nqn" || fail "RNIC port setup"
+say "   $ nvme connect -t rdma -n $nqn -a $GDIRECT_RNIC_NEAR_ADDR -s $GDIRECT_NVMEOF_PORT -Q 128"
+_nvmeof_connect rdma-near "$nqn" -Q 128 || fail "nvme connect through the RNIC"
+mount -t ext4 "$NVMEOF_NS" "$mnt" || fail "mount of the remote namespace"
+before=$(_rdma_counter rxe_near p2pdma_write_bytes)
+say "   GPU memory <- RNIC (RDMA) <- target <- NVMe, no copy through the node's memory:"
+gpu_read "$mnt/data.bin" nvme0:$((2 << 20)) 8
+say "     the RNIC's own counter: $(($(_rdma_counter rxe_near p2pdma_write_bytes) - before)) bytes written into P2PDMA pages (the GPU's BAR)"
+
+say "7. tear down: unmount, disconnect, remove the target, the rxe links, the addresses and the veth, unload"
 umount "$mnt" && _nvmeof_down || fail "teardown"
 _unload_all
 say "   $(gdirect info 2>&1 | head -n 1)"

@@ -127,6 +127,13 @@ _expect_eq() {
 	return 1
 }
 
+# A number at least the one expected. Usage: _expect_ge WHAT AT_LEAST ACTUAL
+_expect_ge() {
+	[ "$3" -ge "$2" ] 2>/dev/null && return 0
+	ktap_print_msg "$1: expected at least '$2', got '$3'"
+	return 1
+}
+
 # The NVMe controller (nvmeN) whose serial is $1.
 _nvme_ctrl_by_serial() {
 	for c in /sys/class/nvme/nvme*; do

@@ -7,11 +7,19 @@
 # RDMA port (1) and a TCP port (2) at the same address, and a second TCP port
 # (3, "tcp2", on the next service id) for a second path; the host side connects
 # with nvme-cli. _nvmeof_down removes all of it and checks that nothing is left.
+#
+# Two more RDMA ports run over P2P-capable "RNICs": soft-RoCE (the rig's patched
+# rxe, tests/rxe) on a virtio NIC whose PCI function it DMA-maps through, as a
+# hardware RNIC does. "rdma-near" (port 4, rxe_near) is on the NIC under the
+# GPU's PCIe switch, "rdma-far" (port 5, rxe_far) on the NIC across the host
+# bridge. The NICs have no backend: the traffic loops inside the guest.
 
 GDIRECT_NVMEOF_ADDR=169.254.77.1
 GDIRECT_NVMEOF_PORT=4420
 GDIRECT_NVMET=/sys/kernel/config/nvmet
 GDIRECT_NQN_PREFIX=nqn.2026-11.io.gdirect
+GDIRECT_RNIC_NEAR_ADDR=169.254.78.1
+GDIRECT_RNIC_FAR_ADDR=169.254.79.1
 
 _veth_up() {
 	ip link show gdv0 >/dev/null 2>&1 && return 0
@@ -20,15 +28,75 @@ _veth_up() {
 		ip addr add "$GDIRECT_NVMEOF_ADDR/24" dev gdv0
 }
 _veth_down() { ip link del gdv0 2>/dev/null; }
-_rxe_up() { rdma link show rxe0 >/dev/null 2>&1 || rdma link add rxe0 type rxe netdev gdv0; }
+_rxe_up() { modprobe rdma_rxe && { rdma link show rxe0 >/dev/null 2>&1 || rdma link add rxe0 type rxe netdev gdv0; }; }
 _rxe_down() { rdma link delete rxe0 2>/dev/null; }
 
-# The nvmet port id of a port name: rdma, tcp, or tcp2 (the second TCP port).
+# The netdev of the NIC with MAC address $1.
+_netdev_by_mac() {
+	local n
+	for n in /sys/class/net/*; do
+		[ "$(cat "$n/address" 2>/dev/null)" = "$1" ] && { basename "$n"; return 0; }
+	done
+	return 1
+}
+
+# The MAC and the address of RNIC $1 (near or far).
+_rnic_mac() { if [ "$1" = near ]; then echo "$GDIRECT_RNIC_NEAR_MAC"; else echo "$GDIRECT_RNIC_FAR_MAC"; fi; }
+_rnic_addr() { if [ "$1" = near ]; then echo "$GDIRECT_RNIC_NEAR_ADDR"; else echo "$GDIRECT_RNIC_FAR_ADDR"; fi; }
+
+# Soft-RoCE on RNIC $1 (near or far): its NIC up with its address, and the
+# rdma link rxe_$1 on it.
+_rnic_up() {
+	local ndev addr
+	ndev=$(_netdev_by_mac "$(_rnic_mac "$1")") || { ktap_print_msg "no NIC with MAC $(_rnic_mac "$1")"; return 1; }
+	addr=$(_rnic_addr "$1")
+	modprobe rdma_rxe && ip link set "$ndev" up || return 1
+	ip -4 addr show dev "$ndev" | grep -q "inet $addr/" || ip addr add "$addr/24" dev "$ndev" || return 1
+	[ -d "/sys/class/infiniband/rxe_$1" ] || rdma link add "rxe_$1" type rxe netdev "$ndev"
+}
+
+# RNIC $1 down: no rdma link, no address, link down.
+_rnic_down() {
+	local ndev
+	rdma link delete "rxe_$1" 2>/dev/null
+	ndev=$(_netdev_by_mac "$(_rnic_mac "$1")") || return 0
+	ip addr flush dev "$ndev" 2>/dev/null
+	ip link set "$ndev" down 2>/dev/null
+	return 0
+}
+
+# The PCI function (bus:device.function) of RNIC $1.
+_rnic_pci() {
+	local ndev
+	ndev=$(_netdev_by_mac "$(_rnic_mac "$1")") || return 1
+	basename "$(readlink -f "/sys/class/net/$ndev/device/..")"
+}
+
+# A hardware counter of rdma link $1 (rdma statistic: the patched rxe counts the
+# bytes it copied into and out of P2PDMA pages and RAM).
+_rdma_counter() {
+	rdma statistic show link "$1/1" 2>/dev/null | awk -v k="$2" '{ for (i = 1; i < NF; i++) if ($i == k) { print $(i + 1); exit } }'
+}
+
+# The nvmet port id of a port name: rdma, tcp, tcp2 (the second TCP port),
+# rdma-near or rdma-far (the RNICs).
 _nvmet_portid() {
 	case $1 in
 	rdma) echo 1 ;;
 	tcp) echo 2 ;;
 	tcp2) echo 3 ;;
+	rdma-near) echo 4 ;;
+	rdma-far) echo 5 ;;
+	esac
+}
+
+# The transport (nvme -t) and the address of a port name.
+_nvmet_trtype() { case $1 in rdma*) echo rdma ;; *) echo tcp ;; esac; }
+_nvmet_addr() {
+	case $1 in
+	rdma-near) echo "$GDIRECT_RNIC_NEAR_ADDR" ;;
+	rdma-far) echo "$GDIRECT_RNIC_FAR_ADDR" ;;
+	*) echo "$GDIRECT_NVMEOF_ADDR" ;;
 	esac
 }
 
@@ -55,12 +123,12 @@ _nvmet_subsystem_del() {
 	return 0
 }
 
-# A port $1 (rdma, tcp or tcp2) on the guest's fabric address.
+# A port $1 (a port name, above) on its address.
 _nvmet_port_add() {
 	local p="$GDIRECT_NVMET/ports/$(_nvmet_portid "$1")"
 	[ -d "$p" ] && return 0
-	mkdir "$p" && echo "${1%2}" >"$p/addr_trtype" && echo ipv4 >"$p/addr_adrfam" &&
-		echo "$GDIRECT_NVMEOF_ADDR" >"$p/addr_traddr" && _nvmet_svcid "$1" >"$p/addr_trsvcid"
+	mkdir "$p" && _nvmet_trtype "$1" >"$p/addr_trtype" && echo ipv4 >"$p/addr_adrfam" &&
+		_nvmet_addr "$1" >"$p/addr_traddr" && _nvmet_svcid "$1" >"$p/addr_trsvcid"
 }
 
 _nvmet_port_del() {
@@ -78,11 +146,15 @@ _nvmet_unlink() {
 	return 0
 }
 
-# The target side, whole: fabric, subsystem $2 backed by $3, port of transport
-# $1, exported. Usage: _nvmeof_target_up rdma|tcp NQN DEVICE_OR_FILE
+# The target side, whole: fabric, subsystem $2 backed by $3, port $1, exported.
+# Usage: _nvmeof_target_up rdma|tcp|rdma-near|rdma-far NQN DEVICE_OR_FILE
 _nvmeof_target_up() {
-	_veth_up || return 1
-	if [ "$1" = rdma ]; then _rxe_up || return 1; fi
+	case $1 in
+	rdma) _veth_up && _rxe_up ;;
+	rdma-near) _rnic_up near ;;
+	rdma-far) _rnic_up far ;;
+	*) _veth_up ;;
+	esac || return 1
 	[ -d "$GDIRECT_NVMET/subsystems/$2" ] || _nvmet_subsystem_add "$2" "$3" || return 1
 	_nvmet_port_add "$1" && _nvmet_link "$1" "$2"
 }
@@ -115,13 +187,15 @@ _nvmeof_ns_by_nqn() {
 }
 
 # The host side, as an operator runs it: discover, connect, wait until live.
-# Sets NVMEOF_CTRL and NVMEOF_NS. Usage: _nvmeof_connect rdma|tcp NQN [nvme connect options...]
+# Sets NVMEOF_CTRL and NVMEOF_NS. Usage: _nvmeof_connect PORT NQN [nvme connect options...]
+# (PORT: rdma, tcp, rdma-near or rdma-far)
 _nvmeof_connect() {
-	local trtype=$1 nqn=$2 i
+	local trtype addr nqn=$2 i
+	trtype=$(_nvmet_trtype "$1") addr=$(_nvmet_addr "$1")
 	shift 2
-	nvme discover -t "$trtype" -a "$GDIRECT_NVMEOF_ADDR" -s "$GDIRECT_NVMEOF_PORT" 2>&1 | grep -q "subnqn: *$nqn" ||
-		{ ktap_print_msg "nvme discover -t $trtype does not list $nqn"; return 1; }
-	nvme connect -t "$trtype" -n "$nqn" -a "$GDIRECT_NVMEOF_ADDR" -s "$GDIRECT_NVMEOF_PORT" "$@" >/dev/null || return 1
+	nvme discover -t "$trtype" -a "$addr" -s "$GDIRECT_NVMEOF_PORT" 2>&1 | grep -q "subnqn: *$nqn" ||
+		{ ktap_print_msg "nvme discover -t $trtype -a $addr does not list $nqn"; return 1; }
+	nvme connect -t "$trtype" -n "$nqn" -a "$addr" -s "$GDIRECT_NVMEOF_PORT" "$@" >/dev/null || return 1
 	i=0
 	while [ $i -lt 100 ]; do
 		NVMEOF_CTRL=$(_nvmeof_ctrl_by_nqn "$nqn") && NVMEOF_NS=$(_nvmeof_ns_by_nqn "$nqn") &&
@@ -131,6 +205,15 @@ _nvmeof_connect() {
 	done
 	ktap_print_msg "no live controller for $nqn over $trtype"
 	return 1
+}
+
+# A 1 MiB read at byte $1 of the connected namespace ($NVMEOF_NS) into GPU
+# memory takes the P2P path over rdma and is exact (host check against the
+# host's image $2, default nvme0): how the fault tests show that the controller
+# they break is on the P2P path.
+_fabric_read_p2p() {
+	_gd_read_exact "$NVMEOF_NS" "$1" 1048576 "${2:-nvme0}" "$1" &&
+		_expect_eq "path reason transport" "p2p none rdma" "$(_rj .path) $(_rj .reason) $(_rj .transport)"
 }
 
 # Disconnect subsystem $1 and wait until its controller is gone.
@@ -159,14 +242,19 @@ _nvmeof_down() {
 	_nvmet_port_del rdma
 	_nvmet_port_del tcp
 	_nvmet_port_del tcp2
+	_nvmet_port_del rdma-near
+	_nvmet_port_del rdma-far
 	for s in "$GDIRECT_NVMET"/subsystems/"$GDIRECT_NQN_PREFIX":*; do
 		[ -d "$s" ] && _nvmet_subsystem_del "$(basename "$s")"
 	done
 	_rxe_down
+	_rnic_down near
+	_rnic_down far
 	_veth_down
 	[ -z "$(ls "$GDIRECT_NVMET/ports" 2>/dev/null)" ] &&
 		! ls -d "$GDIRECT_NVMET"/subsystems/"$GDIRECT_NQN_PREFIX":* >/dev/null 2>&1 &&
-		[ -z "$(rdma link show 2>/dev/null)" ] && ! ip link show gdv0 >/dev/null 2>&1
+		[ -z "$(rdma link show 2>/dev/null)" ] && ! ip link show gdv0 >/dev/null 2>&1 &&
+		! ip -4 addr show 2>/dev/null | grep -q "inet $GDIRECT_RNIC_NEAR_ADDR/\|inet $GDIRECT_RNIC_FAR_ADDR/"
 }
 
 # The whole NVMe-oF loop as an operator runs it, over transport $1 (rdma or

@@ -20,16 +20,24 @@ trap cleanup EXIT
 _require_root
 _require_cmd nvme ip rdma gdirect-io jq
 _load_all || ktap_exit_fail_msg "cannot load the modules"
-local_ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
+# The target exports the slow namespace (4: 32 MB/s), so that the 64 MiB of reads are still
+# in flight when the controller goes, on the bounce path and on the faster P2P path alike.
+local_ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL" 4) || ktap_exit_fail_msg "no namespace 4 of $GDIRECT_NVME0_SERIAL"
 nqn=$GDIRECT_NQN_PREFIX:ctrl-delete
+# The fabric port: rdma (soft-RoCE on a veth: bounced), or rdma-near for the P2P path
+# through the RNIC under the GPU's switch (nvmeof_*_p2p.sh set it).
+port=${GDIRECT_FABRIC_PORT:-rdma}
+[ "$port" = rdma ] && p2p=0 || p2p=1
 
 ktap_print_header
-ktap_set_plan 8
+ktap_set_plan $((8 + p2p))
 
-up() { _nvmeof_target_up rdma "$nqn" "$local_ns" && _nvmeof_connect rdma "$nqn" --ctrl-loss-tmo=3; }
-_test "connected over RDMA" up
+up() { _nvmeof_target_up "$port" "$nqn" "$local_ns" && _nvmeof_connect "$port" "$nqn" --ctrl-loss-tmo=3; }
+_test "connected over RDMA ($port)" up
+[ $p2p -eq 1 ] && _test "a read through $port goes peer to peer, exact (host check)" _fabric_read_p2p $((40 * 1048576)) nvme0ns4
 ctrl=$NVMEOF_CTRL
 
+[ $p2p -eq 1 ] && rnic_before=$(_rdma_counter rxe_near p2pdma_write_bytes)
 gdirect-io inflight "$NVMEOF_NS" 64 >/tmp/inflight.out 2>&1 &
 pid=$!
 _test "reads are in flight in the module" _wait_active_transfer
@@ -49,7 +57,19 @@ accounted() {
 		! echo "$line" | grep -q short_
 }
 _test "every read completed in full or failed with an errno" accounted
-_test "some reads failed: the deletion hit reads in flight" sh -c "[ $(_kv "$line" failed) -gt 0 ]"
+if [ $p2p -eq 0 ]; then
+	_test "some reads failed: the deletion hit reads in flight" sh -c "[ $(_kv "$line" failed) -gt 0 ]"
+else
+	# On the P2P path every read is in the block layer at once, and the deletion drains them
+	# (del_gendisk() freezes the queue): they may all complete. What completed went through
+	# the RNIC into GPU memory: its counter grew by a MiB for each, and by at most the 64 MiB.
+	landed() {
+		ok=$(_kv "$line" completed_ok) grew=$(($(_rdma_counter rxe_near p2pdma_write_bytes) - rnic_before))
+		ktap_print_msg "completed $ok, the RNIC wrote $grew bytes into P2PDMA pages"
+		[ "$ok" -gt 0 ] && [ "$grew" -ge $((ok * 1048576)) ] && [ "$grew" -le $((64 * 1048576)) ]
+	}
+	_test "the completed reads went through the RNIC into GPU memory (its P2PDMA counter)" landed
+fi
 _test "nothing stays registered or pinned" \
 	_expect_eq counters "0 0" "$(_kv "$out" registrations) $(_kv "$out" pinned_bytes)"
 finish() { _nvmeof_down && rmmod gdirect && rmmod gdirect_egpu; }

@@ -16,13 +16,18 @@ _require_cmd nvme ip rdma gdirect jq
 _load_all || ktap_exit_fail_msg "cannot load the modules"
 local_ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
 nqn=$GDIRECT_NQN_PREFIX:ns-disable
+# The fabric port: rdma (soft-RoCE on a veth: bounced), or rdma-near for the P2P path
+# through the RNIC under the GPU's switch (nvmeof_*_p2p.sh set it).
+port=${GDIRECT_FABRIC_PORT:-rdma}
+[ "$port" = rdma ] && p2p=0 || p2p=1
 enable=$GDIRECT_NVMET/subsystems/$nqn/namespaces/1/enable
 
 ktap_print_header
-ktap_set_plan 9
+ktap_set_plan $((9 + p2p))
 
-up() { _nvmeof_target_up rdma "$nqn" "$local_ns" && _nvmeof_connect rdma "$nqn" --ctrl-loss-tmo=3; }
-_test "connected over RDMA" up
+up() { _nvmeof_target_up "$port" "$nqn" "$local_ns" && _nvmeof_connect "$port" "$nqn" --ctrl-loss-tmo=3; }
+_test "connected over RDMA ($port)" up
+[ $p2p -eq 1 ] && _test "a read through $port goes peer to peer, exact (host check)" _fabric_read_p2p $((169 * 1048576))
 
 _bg_read_start "$NVMEOF_NS" --mem gpu --len 128M --chunk 128M
 _test "the 128 MiB read is in flight in the module" _wait_active_transfer

@@ -18,19 +18,24 @@ _require_cmd nvme ip rdma gdirect jq
 _load_all || ktap_exit_fail_msg "cannot load the modules"
 local_ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
 nqn=$GDIRECT_NQN_PREFIX:port-loss
+# The fabric port: rdma (soft-RoCE on a veth: bounced), or rdma-near for the P2P path
+# through the RNIC under the GPU's switch (nvmeof_*_p2p.sh set it).
+port=${GDIRECT_FABRIC_PORT:-rdma}
+[ "$port" = rdma ] && p2p=0 || p2p=1
 
 ktap_print_header
-ktap_set_plan 9
+ktap_set_plan $((9 + p2p))
 
 up() {
-	_nvmeof_target_up rdma "$nqn" "$local_ns" &&
-		_nvmeof_connect rdma "$nqn" --ctrl-loss-tmo=$LOSS_TMO --reconnect-delay=1
+	_nvmeof_target_up "$port" "$nqn" "$local_ns" &&
+		_nvmeof_connect "$port" "$nqn" --ctrl-loss-tmo=$LOSS_TMO --reconnect-delay=1
 }
-_test "connected over RDMA with ctrl-loss-tmo $LOSS_TMO s" up
+_test "connected over RDMA ($port) with ctrl-loss-tmo $LOSS_TMO s" up
+[ $p2p -eq 1 ] && _test "a read through $port goes peer to peer, exact (host check)" _fabric_read_p2p $((168 * 1048576))
 
 _bg_read_start "$NVMEOF_NS" --mem gpu --len 128M --chunk 128M
 _test "the 128 MiB read is in flight in the module" _wait_active_transfer
-_test "the target port is removed" _nvmet_unlink rdma "$nqn"
+_test "the target port is removed" _nvmet_unlink "$port" "$nqn"
 _bg_read_wait 60
 _test "the read fails, with an error and no byte count" _bg_read_failed_cleanly
 _test "within the controller-loss timeout (and the reconnect tries)" sh -c "[ $BG_SECONDS -le $((LOSS_TMO + 15)) ]"
@@ -39,7 +44,7 @@ _test "nothing stays registered or pinned" \
 
 back() {
 	_nvmeof_disconnect "$nqn"
-	_nvmet_link rdma "$nqn" && _nvmeof_connect rdma "$nqn"
+	_nvmet_link "$port" "$nqn" && _nvmeof_connect "$port" "$nqn"
 }
 _test "the port comes back and the host reconnects" back
 again() {

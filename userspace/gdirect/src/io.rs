@@ -144,8 +144,8 @@ impl Reason {
             Self::QueueNoP2p => match transport {
                 Transport::Rdma => {
                     "the nvme-rdma queue does not accept P2P pages: its RDMA device \
-                                    cannot DMA to PCI peer memory (soft-RoCE never can; a hardware \
-                                    RNIC that supports P2PDMA can)"
+                                    cannot DMA to PCI peer memory (software RDMA such as soft-RoCE \
+                                    cannot; a hardware RNIC that supports P2PDMA can)"
                         .to_string()
                 }
                 Transport::Tcp => "the NVMe/TCP queue does not accept P2P pages: the data goes \
@@ -153,15 +153,24 @@ impl Reason {
                     .to_string(),
                 _ => format!("the {t} block queue does not accept P2P pages"),
             },
-            Self::Distance => format!(
-                "the storage's DMA device ({t}) cannot reach the memory peer to peer (across a \
-                 host bridge that is not known to forward it, or redirected by ACS)"
-            ),
+            Self::Distance => match transport {
+                Transport::Rdma => "the RDMA adapter (RNIC) the NVMe-oF connection goes through \
+                                    cannot reach the memory peer to peer (across a host bridge \
+                                    that is not known to forward it, or redirected by ACS)"
+                    .to_string(),
+                _ => format!(
+                    "the storage's DMA device ({t}) cannot reach the memory peer to peer (across \
+                     a host bridge that is not known to forward it, or redirected by ACS)"
+                ),
+            },
             Self::NoPages => {
                 "the provider's memory has no pages the block layer can take".to_string()
             }
             Self::Multipath => format!(
-                "the file is on an NVMe native multipath head ({t}), which takes P2P pages only                  when every path does, and not all of its paths do: disconnect the paths that                  cannot (over TCP, or an RDMA device without P2PDMA), or boot with                  nvme_core.multipath=N so that each controller has its own namespace"
+                "the file is on an NVMe native multipath head ({t}), which takes P2P pages only \
+                 when every path does, and not all of its paths do: disconnect the paths that \
+                 cannot (over TCP, or an RDMA device without P2PDMA), or boot with \
+                 nvme_core.multipath=N so that each controller has its own namespace"
             ),
             Self::DataDevice => "the file's data is not on its file system's block device (an \
                                  XFS realtime file is on the realtime device), whose queue and \
