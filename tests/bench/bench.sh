@@ -9,8 +9,12 @@
 #           alternates (the emulated CPU's speed drifts during a run: a mode
 #           always measured first or last would carry that drift).
 #  fabrics: the same reads at queue depth 32 from the same namespace locally,
-#           over NVMe-oF/RDMA (soft-RoCE) and over NVMe-oF/TCP, gdirect into GPU
-#           memory (the path the module picks) and pread into host memory.
+#           over NVMe-oF/RDMA (soft-RoCE on a veth), over RDMA through the
+#           P2P-capable RNIC under the GPU's switch (rdma-near) and the one across
+#           the host bridge (rdma-far), and over NVMe-oF/TCP, gdirect into GPU
+#           memory (the path the module picks) and pread into host memory. Through
+#           the RNICs, each line also gives the bytes the RNIC itself wrote into
+#           P2PDMA pages and into RAM (its rdma statistic counters).
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 . "$GDIRECT_LIB/nvmeof_common.sh"
@@ -45,7 +49,7 @@ for pattern in rand4k seq1m; do
 	done
 done
 
-for where in local rdma tcp; do
+for where in local rdma rdma-near rdma-far tcp; do
 	target=$dev
 	if [ "$where" != local ]; then
 		nqn=$GDIRECT_NQN_PREFIX:bench-$where
@@ -58,7 +62,17 @@ for where in local rdma tcp; do
 		seq1m) ops=$((SEQ / 4)) ;;
 		esac
 		for mode in p2p pread; do
-			echo "bench: section=fabrics where=$where $(gdirect-iobench "$target" $mode $pattern $ops 32)" || exit 1
+			case $where in
+			rdma-near | rdma-far)
+				link=rxe_${where#rdma-}
+				p2p0=$(_rdma_counter "$link" p2pdma_write_bytes) ram0=$(_rdma_counter "$link" ram_write_bytes)
+				r=$(gdirect-iobench "$target" $mode $pattern $ops 32) || exit 1
+				r="$r rnic_p2p=$(($(_rdma_counter "$link" p2pdma_write_bytes) - p2p0))"
+				r="$r rnic_ram=$(($(_rdma_counter "$link" ram_write_bytes) - ram0))"
+				;;
+			*) r=$(gdirect-iobench "$target" $mode $pattern $ops 32) || exit 1 ;;
+			esac
+			echo "bench: section=fabrics where=$where $r"
 		done
 	done
 	[ "$where" != local ] && { _nvmeof_down || exit 1; }

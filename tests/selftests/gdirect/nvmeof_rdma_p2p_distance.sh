@@ -24,7 +24,7 @@ nqn=$GDIRECT_NQN_PREFIX:rnic-far
 MiB=1048576
 
 ktap_print_header
-ktap_set_plan 8
+ktap_set_plan 9
 
 _test "the RNIC across the host bridge is up: soft-RoCE rxe_far on its virtio NIC" _rnic_up far
 rnic=$(_rnic_pci far)
@@ -54,6 +54,16 @@ counted() {
 		_expect_ge ram_write_bytes $((ram_bytes + 6 * MiB)) "$(_rdma_counter rxe_far ram_write_bytes)"
 }
 _test "counted as bounced by gdirect; the RNIC wrote the 6 MiB into RAM, none into P2PDMA pages" counted
+# The operator's view of the same: gdirect check pairs the GPU memory with each RDMA device's
+# PCI function, as the module does.
+checked() {
+	_rnic_up near || return 1
+	json=$(gdirect check --json)
+	pair() { echo "$json" | jq -r --arg m "$gpu" --arg s "$1" '.pairs[] | select(.memory == $m and .storage == $s) | "\(.relation) \(.kernel) \(.possible)"'; }
+	_expect_eq "GPU / rxe_near" "PIX bus_addr true" "$(pair rxe_near)" &&
+		_expect_eq "GPU / rxe_far" "PHB not_supported false" "$(pair rxe_far)"
+}
+_test "gdirect check: the GPU memory and rxe_near PIX, possible; rxe_far PHB, refused" checked
 _test "teardown leaves nothing behind" _nvmeof_down
 
 ktap_finished
