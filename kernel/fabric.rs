@@ -7,23 +7,22 @@
 //!
 //! nvme-rdma keeps its `ib_device` private. The adapter is found the way the RDMA connection
 //! manager chose it (`rdma_resolve_addr()` → `rdma_translate_ip()` or a route lookup): the
-//! netdev named by the controller's `host_iface`, or the one holding its `host_traddr`; without
-//! either, the one holding `traddr` when the target is on this host, else the route's output
-//! device towards `traddr`. The adapter is the nearest PCI function above that netdev: a RoCE
-//! RNIC's netdev sits on its PCI function (mlx5, bnxt_re, irdma), an IPoIB netdev on its HCA's,
-//! and the rig's soft-RoCE "RNIC" on its virtio NIC's (`tests/rxe`). A netdev with no PCI
-//! function above it (a veth) gives none, and so does an IPv6 address (not looked up yet): the
+//! netdev holding the controller's `host_traddr`; without one, the netdev holding `traddr` when
+//! the target is on this host, else the route's output device towards `traddr` (nvme-rdma takes
+//! no `host_iface`; the route lookup here ignores `tos` and policy rules). It is looked up for
+//! every transfer, so a connection re-established through another netdev is seen at once. The
+//! adapter is the nearest PCI function above that netdev: a RoCE RNIC's netdev sits on its PCI
+//! function (mlx5, bnxt_re, irdma), an IPoIB netdev on its HCA's, and the rig's soft-RoCE
+//! "RNIC" on its virtio NIC's (`tests/rxe`). A netdev with no PCI function above it (a veth, a
+//! VLAN or bond device) gives none, and so does an IPv6 address (not looked up yet): the
 //! decision then falls back to the queue's own verdict (`path::Reach::Unknown`).
 
-use core::ffi::{c_char, c_void};
+use core::ffi::c_void;
 use kernel::{
     bindings, pci,
     sync::{
         aref::ARef,
-        atomic::{
-            Atomic,
-            Relaxed, //
-        },
+        rcu, //
     },
 };
 
@@ -31,24 +30,15 @@ use crate::io::{ancestor_attr, pci_ancestor};
 
 // `struct net` and `struct net_device` cross as `void *` (see `topology.rs` on the lint).
 unsafe extern "C" {
-    fn dev_get_by_name(net: *mut c_void, name: *const c_char) -> *mut c_void;
-    fn dev_get_by_index(net: *mut c_void, ifindex: i32) -> *mut c_void;
     fn __ip_dev_find(net: *mut c_void, addr: u32, devref: bool) -> *mut c_void;
-    // `shim.c`: wrappers of inline functions.
+    // `shim.c`: wrappers of inline functions, and a field of the opaque `net_device`.
     fn gdirect_ip_route_output(daddr: u32) -> *mut c_void;
-    fn gdirect_rt_dev(rt: *mut c_void) -> *mut c_void;
+    fn gdirect_rt_dev_rcu(rt: *mut c_void) -> *mut c_void;
     fn gdirect_ip_rt_put(rt: *mut c_void);
     fn gdirect_dev_hold(dev: *mut c_void);
     fn gdirect_dev_put(dev: *mut c_void);
-    fn gdirect_netdev_ifindex(dev: *mut c_void) -> i32;
     fn gdirect_netdev_parent(dev: *mut c_void) -> *mut c_void;
 }
-
-/// The netdev of each fabric disk used lately, by `diskseq` (see `io::TRANSPORTS`):
-/// `diskseq << 32 | ifindex`, 0 for none. Parsing the controller's address and looking the
-/// netdev up costs a page and a scan, which a 4 KiB read should not pay each time. Only found
-/// netdevs are kept: one that appears later is still found.
-static NETDEVS: [Atomic<u64>; 8] = [const { Atomic::new(0) }; 8];
 
 /// A referenced `struct net_device`.
 struct NetDev(*mut c_void);
@@ -59,14 +49,11 @@ impl NetDev {
         (!dev.is_null()).then_some(Self(dev))
     }
 
-    fn ifindex(&self) -> i32 {
-        // SAFETY: a referenced netdev is valid.
-        unsafe { gdirect_netdev_ifindex(self.0) }
-    }
-
     /// The nearest PCI function above the netdev, with a reference of its own.
     fn pci_function(&self) -> Option<ARef<pci::Device>> {
-        // SAFETY: a referenced netdev is valid, and so are the devices above its own.
+        // SAFETY: a referenced netdev is valid, and so are the devices above its own: a driver
+        // removing the netdev waits for its last reference (`netdev_run_todo()`) before its
+        // parent goes.
         pci_ancestor(unsafe { gdirect_netdev_parent(self.0) }.cast())
     }
 }
@@ -88,37 +75,21 @@ fn init_net() -> *mut c_void {
 /// # Safety
 ///
 /// `dev` and its ancestors are valid for the call.
-pub(crate) unsafe fn rnic_of(
-    dev: *mut bindings::device,
-    diskseq: u64,
-) -> Option<ARef<pci::Device>> {
-    let slot = &NETDEVS[(diskseq % NETDEVS.len() as u64) as usize];
-    let cached = slot.load(Relaxed);
-    if cached != 0 && cached >> 32 == diskseq {
-        // SAFETY: `dev_get_by_index` returns a held netdev or NULL.
-        let netdev = NetDev::held(unsafe { dev_get_by_index(init_net(), cached as u32 as i32) });
-        if let Some(rnic) = netdev.and_then(|n| n.pci_function()) {
-            return Some(rnic);
-        }
-    }
+pub(crate) unsafe fn rnic_of(dev: *mut bindings::device) -> Option<ARef<pci::Device>> {
     // SAFETY: see the function's safety section.
-    let netdev = unsafe { ancestor_attr(dev, c"address", |text| netdev_of(&Address::parse(text))) }
+    unsafe { ancestor_attr(dev, c"address", |text| netdev_of(&Address::parse(text))) }
         .ok()
         .flatten()
-        .flatten()?;
-    if diskseq >> 32 == 0 && netdev.ifindex() > 0 {
-        slot.store(diskseq << 32 | u64::from(netdev.ifindex() as u32), Relaxed);
-    }
-    netdev.pci_function()
+        .flatten()?
+        .pci_function()
 }
 
 /// The parts of an NVMe-oF controller's `address` attribute (`nvmf_get_address()`:
-/// `traddr=A,trsvcid=S,host_traddr=H,host_iface=I`) that say where the connection goes from.
+/// `traddr=A,trsvcid=S,host_traddr=H`) that say where the connection goes from.
 #[derive(Default, Debug, PartialEq, Eq)]
 pub(crate) struct Address<'a> {
     pub(crate) traddr: Option<&'a [u8]>,
     pub(crate) host_traddr: Option<&'a [u8]>,
-    pub(crate) host_iface: Option<&'a [u8]>,
 }
 
 impl<'a> Address<'a> {
@@ -133,7 +104,6 @@ impl<'a> Address<'a> {
             match key {
                 b"traddr" => a.traddr = Some(value),
                 b"host_traddr" => a.host_traddr = Some(value),
-                b"host_iface" => a.host_iface = Some(value),
                 _ => {}
             }
         }
@@ -158,15 +128,6 @@ pub(crate) fn parse_ipv4(text: &[u8]) -> Option<u32> {
 
 /// The netdev the connection manager would have bound for `a` (see the module's comment).
 fn netdev_of(a: &Address<'_>) -> Option<NetDev> {
-    if let Some(iface) = a.host_iface {
-        let mut name = [0u8; bindings::IFNAMSIZ as usize];
-        if iface.len() >= name.len() {
-            return None;
-        }
-        name[..iface.len()].copy_from_slice(iface);
-        // SAFETY: `name` is NUL-terminated; the result is held or NULL.
-        return NetDev::held(unsafe { dev_get_by_name(init_net(), name.as_ptr().cast()) });
-    }
     if let Some(host) = a.host_traddr {
         // SAFETY: with `devref`, the result is held or NULL.
         return NetDev::held(unsafe { __ip_dev_find(init_net(), parse_ipv4(host)?, true) });
@@ -182,14 +143,20 @@ fn netdev_of(a: &Address<'_>) -> Option<NetDev> {
     if rt.is_null() || kernel::error::from_err_ptr(rt).is_err() {
         return None;
     }
-    // SAFETY: `rt` is a route we hold; its device is valid while we do, and is held before the
-    // route is put.
-    unsafe {
-        let dev = gdirect_rt_dev(rt);
+    // A route does not pin its device (`dst_dev_put()` swaps in the blackhole device when it
+    // goes away): the device is read and held under RCU, which keeps it from being freed.
+    let guard = rcu::Guard::new();
+    // SAFETY: `rt` is a route we hold; under RCU its device is valid until the guard drops,
+    // and held past that.
+    let dev = unsafe {
+        let dev = gdirect_rt_dev_rcu(rt);
         if !dev.is_null() {
             gdirect_dev_hold(dev);
         }
-        gdirect_ip_rt_put(rt);
-        NetDev::held(dev)
-    }
+        dev
+    };
+    drop(guard);
+    // SAFETY: the route is ours to put.
+    unsafe { gdirect_ip_rt_put(rt) };
+    NetDev::held(dev)
 }

@@ -190,11 +190,8 @@ pub(crate) unsafe fn dma_device_of(
     if dma_dev.is_some() || transport != uapi::TRANSPORT_RDMA {
         return (dma_dev, transport);
     }
-    // SAFETY: as above; `diskseq` is set before the disk is added and changes only with its media.
-    (
-        unsafe { fabric::rnic_of(disk_dev, (*disk).diskseq) },
-        transport,
-    )
+    // SAFETY: as above.
+    (unsafe { fabric::rnic_of(disk_dev) }, transport)
 }
 
 impl Target {
@@ -329,7 +326,9 @@ pub(crate) unsafe fn ancestor_attr<R>(
     Ok(None)
 }
 
-/// The device attribute `name` among `dev`'s attribute groups, if it has one.
+/// The device attribute `name` among `dev`'s attribute groups, if it has one that sysfs shows:
+/// an attribute its group's `is_visible` hides (an NVMe controller's `address` when its
+/// transport has no `get_address`, as nvme-loop) may have a show function that cannot run.
 ///
 /// # Safety
 ///
@@ -339,21 +338,31 @@ unsafe fn device_attr(
     name: &CStr,
 ) -> Option<*mut bindings::device_attribute> {
     // SAFETY: the groups of a registered device are NULL-terminated arrays of valid groups,
-    // whose attribute arrays are NULL-terminated too, and live as long as the device.
+    // whose attribute arrays are NULL-terminated too, and live as long as the device; a
+    // group's `is_visible` takes the device's kobject, an attribute of the group and its index.
     unsafe {
         let mut groups = (*dev).groups;
         while !groups.is_null() && !(*groups).is_null() {
-            let mut attrs = (**groups).__bindgen_anon_2.attrs;
+            let group = *groups;
+            let mut attrs = (*group).__bindgen_anon_2.attrs;
+            let mut n = 0;
             while !attrs.is_null() && !(*attrs).is_null() {
                 let attr = *attrs;
                 if !(*attr).name.is_null() && CStr::from_char_ptr((*attr).name) == name {
-                    return Some(kernel::container_of!(
-                        attr,
-                        bindings::device_attribute,
-                        attr
-                    ));
+                    // As sysfs decides it (`create_files()`): a mode of 0, past the group flag, hides.
+                    let shown = match (*group).__bindgen_anon_1.is_visible {
+                        Some(is_visible) => {
+                            is_visible(&raw mut (*dev).kobj, attr, n)
+                                & !(bindings::SYSFS_GROUP_INVISIBLE as u16)
+                                != 0
+                        }
+                        None => true,
+                    };
+                    return shown
+                        .then(|| kernel::container_of!(attr, bindings::device_attribute, attr));
                 }
                 attrs = attrs.add(1);
+                n += 1;
             }
             groups = groups.add(1);
         }

@@ -257,10 +257,11 @@ struct rtable *gdirect_ip_route_output(__be32 daddr)
 	return ip_route_output(&init_net, daddr, 0, 0, 0, RT_SCOPE_UNIVERSE);
 }
 
-struct net_device *gdirect_rt_dev(struct rtable *rt);
-struct net_device *gdirect_rt_dev(struct rtable *rt)
+/* Under rcu_read_lock(). */
+struct net_device *gdirect_rt_dev_rcu(struct rtable *rt);
+struct net_device *gdirect_rt_dev_rcu(struct rtable *rt)
 {
-	return dst_dev(&rt->dst);
+	return dst_dev_rcu(&rt->dst);
 }
 
 void gdirect_ip_rt_put(struct rtable *rt);
@@ -275,13 +276,7 @@ void gdirect_dev_hold(struct net_device *dev)
 	dev_hold(dev);
 }
 
-/* struct net_device is opaque to bindgen: its fields fabric.rs reads. */
-int gdirect_netdev_ifindex(const struct net_device *dev);
-int gdirect_netdev_ifindex(const struct net_device *dev)
-{
-	return dev->ifindex;
-}
-
+/* struct net_device is opaque to bindgen: the field fabric.rs reads. */
 struct device *gdirect_netdev_parent(const struct net_device *dev);
 struct device *gdirect_netdev_parent(const struct net_device *dev)
 {

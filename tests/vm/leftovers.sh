@@ -11,7 +11,8 @@
 # Checked, in order: processes (other than PID 1, KEEP_PIDs and this script's own);
 # gdirect registrations or pinned bytes once no process holds the device; the
 # modules (unloaded, which fails if anything still holds them); NVMe-oF host
-# controllers, nvmet subsystems and ports, soft-RoCE links and the veth pair;
+# controllers, nvmet subsystems and ports, soft-RoCE links, the RNICs' addresses and the
+# veth pair;
 # mounts of test devices; loop devices; fault injection left switched on.
 
 GDIRECT_LIB=${GDIRECT_LIB:-/selftests/lib}
@@ -90,9 +91,10 @@ for c in /sys/class/nvme/nvme*; do
 	left "NVMe-oF controller $(basename "$c") ($t) connected to $(cat "$c/subsysnqn")"
 	nvme disconnect -d "$(basename "$c")" >/dev/null 2>&1
 done
-if [ -n "$(ls "$GDIRECT_NVMET/ports" 2>/dev/null)$(ls "$GDIRECT_NVMET/subsystems" 2>/dev/null)" ] ||
+rnic_addrs=$(ip -4 addr show 2>/dev/null | grep -o "inet \($GDIRECT_RNIC_NEAR_ADDR\|$GDIRECT_RNIC_FAR_ADDR\)/" | tr '\n' ' ')
+if [ -n "$(ls "$GDIRECT_NVMET/ports" 2>/dev/null)$(ls "$GDIRECT_NVMET/subsystems" 2>/dev/null)$rnic_addrs" ] ||
 	[ -n "$(rdma link show 2>/dev/null)" ] || ip link show gdv0 >/dev/null 2>&1; then
-	left "NVMe-oF target, soft-RoCE or veth: ports '$(ls "$GDIRECT_NVMET/ports" 2>/dev/null | tr '\n' ' ')' subsystems '$(ls "$GDIRECT_NVMET/subsystems" 2>/dev/null | tr '\n' ' ')' rdma '$(rdma link show 2>/dev/null | cut -d' ' -f2 | tr '\n' ' ')'"
+	left "NVMe-oF target, soft-RoCE, RNIC addresses or veth: ports '$(ls "$GDIRECT_NVMET/ports" 2>/dev/null | tr '\n' ' ')' subsystems '$(ls "$GDIRECT_NVMET/subsystems" 2>/dev/null | tr '\n' ' ')' rdma '$(rdma link show 2>/dev/null | cut -d' ' -f2 | tr '\n' ' ')' addresses '$rnic_addrs'"
 	_nvmeof_down >/dev/null 2>&1 || left "the NVMe-oF teardown did not finish"
 fi
 
