@@ -6,7 +6,7 @@
 //!
 //! | layer | what | unsafe |
 //! | --- | --- | --- |
-//! | `sys` (private) | bindgen output of the uapi header, one ioctl wrapper per command | yes |
+//! | `sys` (private) | bindgen output of the uapi header (committed), one ioctl wrapper per command | yes |
 //! | [`Driver`] and friends | safe handles that return [`Result`] with a named [`Error`] | no |
 //!
 //! Without the module, [`compat`] reads files into host or (feature `cuda`) GPU memory itself,
