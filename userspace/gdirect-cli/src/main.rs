@@ -322,20 +322,14 @@ fn parse_offset(s: &str) -> Result<u64, String> {
     parse_size(s)
 }
 
-/// Parses a byte count with an optional K, M or G suffix (powers of 1024).
+/// Parses a byte count with an optional K, M or G suffix (powers of 1024): the library's
+/// parser, which the compat engine's settings use too, and a count that must not be zero.
 fn parse_size(s: &str) -> Result<u64, String> {
-    let (digits, shift) = match s.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&s[..i], 10),
-        Some((i, 'M' | 'm')) => (&s[..i], 20),
-        Some((i, 'G' | 'g')) => (&s[..i], 30),
-        _ => (s, 0),
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size (like 4096, 64K, 1M, 2G)"))?;
-    n.checked_mul(1 << shift)
+    gdirect::compat::parse_size(s)
         .filter(|n| *n > 0)
-        .ok_or_else(|| format!("'{s}' is not a positive size that fits in 64 bits"))
+        .ok_or_else(|| {
+            format!("'{s}' is not a positive size that fits in 64 bits (like 4096, 64K, 1M, 2G)")
+        })
 }
 
 #[derive(Serialize)]

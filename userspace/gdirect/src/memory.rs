@@ -62,8 +62,7 @@ pub unsafe trait DeviceMemory {
 }
 
 fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    usize::try_from(unsafe { nix::libc::sysconf(nix::libc::_SC_PAGESIZE) }).unwrap_or(4096)
+    usize::try_from(crate::sys::page_size()).unwrap_or(4096)
 }
 
 /// Copies `out.len()` bytes from `src` with volatile reads.

@@ -19,6 +19,12 @@
 
 include!("generated/uapi.rs");
 
+/// The page size of the machine.
+pub(crate) fn page_size() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    u64::try_from(unsafe { nix::libc::sysconf(nix::libc::_SC_PAGESIZE) }).unwrap_or(4096)
+}
+
 nix::ioctl_readwrite_bad!(
     /// `GDIRECT_IOC_GET_INFO`.
     get_info,

@@ -21,13 +21,10 @@ use std::{
 use nix::libc;
 
 use super::DIRECT_ALIGN;
-use crate::error::{Errno, Error, Result};
-
-/// The page size of the machine.
-pub(crate) fn page_size() -> u64 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
-}
+use crate::{
+    error::{Errno, Error, Result},
+    sys::page_size,
+};
 
 /// What a file is, for telling whether a cached mapping still shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
