@@ -45,6 +45,7 @@ pub mod nvmeof;
 mod pci;
 mod registration;
 mod sys;
+mod sysfs;
 pub mod topology;
 
 /// The kernel's path decision, tested here (see `sys::path_decision`).

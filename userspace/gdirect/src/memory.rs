@@ -269,8 +269,7 @@ impl P2pMem {
     /// Allocates from the first PCI device that publishes P2P memory (`p2pmem/published`).
     pub fn allocate_any(len: usize) -> Result<Self> {
         let published = |d: &std::fs::DirEntry| {
-            std::fs::read_to_string(d.path().join("p2pmem/published"))
-                .is_ok_and(|v| v.trim() == "1")
+            crate::sysfs::read(&d.path().join("p2pmem/published")).is_some_and(|v| v == "1")
         };
         let mut devices: Vec<PciAddress> = std::fs::read_dir("/sys/bus/pci/devices")
             .map_err(|e| Error::Allocation {

@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::sysfs::read;
+
 /// The queue sizes (entries per I/O queue) NVMe-oF tuning guides recommend.
 pub const RECOMMENDED_QUEUE_SIZE: std::ops::RangeInclusive<u32> = 128..=256;
 
@@ -39,12 +41,6 @@ impl FabricController {
             RECOMMENDED_QUEUE_SIZE.end()
         ))
     }
-}
-
-fn read(path: &Path) -> Option<String> {
-    std::fs::read_to_string(path)
-        .ok()
-        .map(|s| s.trim().to_string())
 }
 
 /// The fabrics controllers under `sysfs` (normally `/sys`), sorted by name. PCIe controllers

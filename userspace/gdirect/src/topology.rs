@@ -10,13 +10,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::{nvmeof, Driver, MapType, PciAddress, PeerVerdict, Provider};
-
-fn read(path: &Path) -> Option<String> {
-    std::fs::read_to_string(path)
-        .ok()
-        .map(|s| s.trim().to_string())
-}
+use crate::{nvmeof, sysfs::read, Driver, MapType, PciAddress, PeerVerdict, Provider};
 
 /// PCI class codes (`class` in sysfs: base << 16 | sub << 8 | prog-if).
 const CLASS_NVME: u32 = 0x01_08_02;
