@@ -13,6 +13,10 @@
 //! and `gpu::GpuReader` picks the module or the compat engine for CUDA memory, saying which
 //! and why in every [`Transfer`].
 //!
+//! Features: `cuda` (cudarc device memory, `gpu`), and for the `gdirect` command and the test
+//! rig's tools: `check` (`topology`, `nvmeof`: the model behind `gdirect check`), `checksum`
+//! (the checksums reads are verified with), `rig` (`egpu`: the test rig's emulated GPU memory).
+//!
 //! # Quick start
 //!
 //! ```no_run
@@ -32,20 +36,24 @@
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+#[cfg(feature = "checksum")]
 pub mod checksum;
 pub mod compat;
 mod driver;
+#[cfg(feature = "rig")]
 pub mod egpu;
 mod error;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 mod io;
 mod memory;
+#[cfg(feature = "check")]
 pub mod nvmeof;
 mod pci;
 mod registration;
 mod sys;
 mod sysfs;
+#[cfg(feature = "check")]
 pub mod topology;
 
 /// The kernel's path decision, tested here (see `sys::path_decision`).

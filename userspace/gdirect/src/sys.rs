@@ -93,6 +93,7 @@ nix::ioctl_readwrite_bad!(
 );
 
 /// The emulated GPU of the test rig (`tests/egpu/gdirect_egpu.h`).
+#[cfg(feature = "rig")]
 pub(crate) mod egpu {
     #![allow(
         non_camel_case_types,

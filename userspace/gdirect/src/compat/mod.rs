@@ -562,7 +562,7 @@ pub struct Segment<'a> {
     pub file_offset: u64,
     /// How many bytes.
     pub len: u64,
-    /// Where in the memory (for [`CompatEngine::read_device_ptrs`], where in `ptr`'s memory).
+    /// Where in the memory (for `CompatEngine::read_device_ptrs`, feature `cuda`: where in `ptr`'s memory).
     pub mem_offset: u64,
 }
 
