@@ -20,7 +20,8 @@ udevd_pid=
 cleanup() {
 	_module_loaded && rmmod gdirect
 	[ -f /var/lib/gdirect/installed ] && install-module uninstall >/dev/null 2>&1
-	rm -rf "/lib/modules/$release/updates" /etc/modprobe.d/gdirect.conf
+	# (only DKMS's directory: updates/ also holds the rig's soft-RoCE, tests/rxe)
+	rm -rf "/lib/modules/$release/updates/dkms" /etc/modprobe.d/gdirect.conf
 	[ -n "$udevd_pid" ] && kill "$udevd_pid" 2>/dev/null && wait "$udevd_pid" 2>/dev/null
 	[ -n "${ns_mode:-}" ] && chmod "$ns_mode" "$ns"
 	[ -f "$work/group" ] && cp "$work/group" /etc/group
@@ -150,7 +151,7 @@ dkms_kept() {
 		[ ! -e /etc/modprobe.d/gdirect.conf ] && ! grep -q '^gdirect:' /etc/group
 }
 _test "  its uninstall takes them back and leaves DKMS's module" dkms_kept
-rm -rf "/lib/modules/$release/updates"
+rm -rf "/lib/modules/$release/updates/dkms"
 depmod "$release"
 
 ktap_finished

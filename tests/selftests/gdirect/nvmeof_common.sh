@@ -51,6 +51,8 @@ _rnic_up() {
 	ndev=$(_netdev_by_mac "$(_rnic_mac "$1")") || { ktap_print_msg "no NIC with MAC $(_rnic_mac "$1")"; return 1; }
 	addr=$(_rnic_addr "$1")
 	modprobe rdma_rxe && ip link set "$ndev" up || return 1
+	[ -e /sys/module/rdma_rxe/parameters/pci_dma ] ||
+		{ ktap_print_msg "rdma_rxe is not the rig's soft-RoCE (tests/rxe): $(modinfo -n rdma_rxe 2>&1)"; return 1; }
 	ip -4 addr show dev "$ndev" | grep -q "inet $addr/" || ip addr add "$addr/24" dev "$ndev" || return 1
 	[ -d "/sys/class/infiniband/rxe_$1" ] || rdma link add "rxe_$1" type rxe netdev "$ndev"
 }
