@@ -175,6 +175,13 @@ _gpu_bdf() { _pci_by_id 0x1af4 0x1110 | head -n 1; }
 # The PCI address of the bridge above the function $1.
 _pci_parent() { basename "$(dirname "$(readlink -f "/sys/bus/pci/devices/$1")")"; }
 
+# Whether PCI functions $1 and $2 sit below one switch: their downstream ports share an
+# upstream port (a function on a root port of its own does not).
+_pci_same_switch() {
+	[ -n "$1" ] && [ -n "$2" ] &&
+		[ "$(_pci_parent "$(_pci_parent "$1")")" = "$(_pci_parent "$(_pci_parent "$2")")" ]
+}
+
 # Size in bytes of BAR $2 of the function $1, from its sysfs resource table.
 _pci_bar_size() {
 	sed -n "$(($2 + 1))p" "/sys/bus/pci/devices/$1/resource" | {

@@ -28,7 +28,7 @@ _veth_up() {
 		ip addr add "$GDIRECT_NVMEOF_ADDR/24" dev gdv0
 }
 _veth_down() { ip link del gdv0 2>/dev/null; }
-_rxe_up() { modprobe rdma_rxe && { rdma link show rxe0 >/dev/null 2>&1 || rdma link add rxe0 type rxe netdev gdv0; }; }
+_rxe_up() { modprobe rdma_rxe && { [ -d /sys/class/infiniband/rxe0 ] || rdma link add rxe0 type rxe netdev gdv0; }; }
 _rxe_down() { rdma link delete rxe0 2>/dev/null; }
 
 # The netdev of the NIC with MAC address $1.

@@ -52,11 +52,8 @@ ktap_set_plan 18
 _test "the RNIC under the GPU's switch is up: soft-RoCE rxe_near on its virtio NIC" _rnic_up near
 rnic=$(_rnic_pci near)
 gpu=$(_gpu_bdf)
-beside() {
-	ktap_print_msg "RNIC $rnic (below $(_pci_parent "$rnic")), GPU memory $gpu (below $(_pci_parent "$gpu"))"
-	[ -n "$rnic" ] && [ "$(_pci_parent "$(_pci_parent "$rnic")")" = "$(_pci_parent "$(_pci_parent "$gpu")")" ]
-}
-_test "the RNIC and the GPU memory are under one switch" beside
+ktap_print_msg "RNIC $rnic (below $(_pci_parent "$rnic")), GPU memory $gpu (below $(_pci_parent "$gpu"))"
+_test "the RNIC and the GPU memory are under one switch" _pci_same_switch "$rnic" "$gpu"
 dma_through() { dmesg | grep -q "rxe: .*: DMA through $rnic"; }
 _test "rxe DMA-maps through the RNIC's PCI function, not virtual DMA" dma_through
 
