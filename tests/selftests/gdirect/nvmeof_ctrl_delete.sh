@@ -32,7 +32,11 @@ port=${GDIRECT_FABRIC_PORT:-rdma}
 ktap_print_header
 ktap_set_plan $((8 + p2p))
 
-up() { _nvmeof_target_up "$port" "$nqn" "$local_ns" && _nvmeof_connect "$port" "$nqn" --ctrl-loss-tmo=3; }
+# The host stops its keep-alives when the deletion starts, and the deletion waits for the
+# reads the target is still serving. With the default 5 s keep-alive timeout a slow guest (the
+# debug kernel) let the target drop the controller first, and the deletion then sat out the
+# I/O (30 s) and admin (60 s) timeouts: a minute and a half of every run spent waiting.
+up() { _nvmeof_target_up "$port" "$nqn" "$local_ns" && _nvmeof_connect "$port" "$nqn" --ctrl-loss-tmo=3 --keep-alive-tmo=60; }
 _test "connected over RDMA ($port)" up
 [ $p2p -eq 1 ] && _test "a read through $port goes peer to peer, exact (host check)" _fabric_read_p2p $((40 * 1048576)) nvme0ns4
 ctrl=$NVMEOF_CTRL
