@@ -37,7 +37,7 @@ use std::{
 };
 
 #[cfg(feature = "cuda")]
-pub use cuda::{driver_present, CudaBackend, DeviceAllocation};
+pub use cuda::{device_count, driver_present, CudaBackend, DeviceAllocation};
 pub use host::HostBackend;
 pub use source::Source;
 pub use write::Sink;
@@ -388,13 +388,24 @@ impl Builder {
     }
 
     /// The engine, over `backend`.
+    /// Starts the engine's worker threads, which serve every read and write it does.
     pub fn build<B: Backend>(self, backend: B) -> Result<CompatEngine<B>> {
         let settings = self.settings()?;
+        let pool = rayon_core::ThreadPoolBuilder::new()
+            .num_threads(settings.threads)
+            .thread_name(|i| format!("gdirect-io-{i}"))
+            .build()
+            .map_err(|_| Error::Worker {
+                what: "the compat engine's worker threads could not be started",
+            })?;
         Ok(CompatEngine {
             backend,
             settings,
+            pool,
             lanes: Mutex::new(Vec::new()),
             maps: Mutex::new(Vec::new()),
+            #[cfg(test)]
+            worker_threads: Mutex::new(std::collections::HashSet::new()),
         })
     }
 }
@@ -538,8 +549,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct CompatEngine<B: Backend> {
     backend: B,
     settings: Settings,
+    /// The worker threads, started with the engine and kept for its life.
+    pool: rayon_core::ThreadPool,
     lanes: Mutex<Vec<B::Lane>>,
     maps: Mutex<Vec<Arc<MappedFile>>>,
+    /// The threads that ran workers (tests check that reads reuse them).
+    #[cfg(test)]
+    worker_threads: Mutex<std::collections::HashSet<std::thread::ThreadId>>,
 }
 
 /// What one worker brings back.
@@ -902,26 +918,25 @@ impl<B: Backend> CompatEngine<B> {
                 let mut pool = lock(&self.lanes);
                 (0..workers).map(|_| pool.pop()).collect()
             };
-            let results: Vec<(Option<B::Lane>, Result<Tally>)> = std::thread::scope(|scope| {
-                let job = &job;
-                let mut handles = Vec::with_capacity(workers - 1);
-                let mine = lanes.pop().flatten();
-                for lane in lanes.drain(..) {
-                    handles.push(scope.spawn(move || self.worker(job, lane)));
-                }
-                let mut out = vec![self.worker(job, mine)];
-                for h in handles {
-                    out.push(h.join().unwrap_or_else(|_| {
+            let shared = &job;
+            let results = self
+                .on_workers(
+                    lanes
+                        .drain(..)
+                        .map(|lane| move || self.worker(shared, lane))
+                        .collect(),
+                )
+                .into_iter()
+                .map(|r| {
+                    r.unwrap_or_else(|| {
                         (
                             None,
                             Err(Error::Worker {
                                 what: "a compat worker panicked",
                             }),
                         )
-                    }));
-                }
-                out
-            });
+                    })
+                });
             let mut first_err = None;
             {
                 let mut pool = lock(&self.lanes);
@@ -967,6 +982,29 @@ impl<B: Backend> CompatEngine<B> {
         drop(job);
         self.trim_maps();
         Ok((report, each))
+    }
+
+    /// Runs every task on the engine's threads at once and waits for all of them: what each
+    /// returned, in no particular order, or `None` for a task that panicked.
+    fn on_workers<T, F>(&self, tasks: Vec<F>) -> Vec<Option<T>>
+    where
+        F: FnOnce() -> T + Send,
+        T: Send,
+    {
+        let out = Mutex::new(Vec::with_capacity(tasks.len()));
+        self.pool.scope(|scope| {
+            for task in tasks {
+                let out = &out;
+                scope.spawn(move |_| {
+                    #[cfg(test)]
+                    lock(&self.worker_threads).insert(std::thread::current().id());
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task)).ok();
+                    lock(out).push(r);
+                });
+            }
+        });
+        out.into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// One worker: claims pieces until none is left or a worker failed.

@@ -225,11 +225,12 @@ fn a_destination_too_small_is_refused_before_any_io() {
 /// A [`Source`] with faults: reads return at most `short` bytes (a multiple of 4 KiB for
 /// direct reads, as the kernel does), fail at `fail_at`, or find the file ending at `end`; the
 /// first direct read over `cut` stops there (inside a block, though the file goes on); direct
-/// reads fail with `EINVAL` when `einval`.
+/// reads fail with `EINVAL` when `einval`; the read over `panic_at` panics.
 struct Faulty<'a> {
     src: &'a Source,
     short: usize,
     fail_at: Option<u64>,
+    panic_at: Option<u64>,
     end: Option<u64>,
     cut: Mutex<Option<u64>>,
     einval: bool,
@@ -243,6 +244,7 @@ impl Faulty<'_> {
             src,
             short: usize::MAX,
             fail_at: None,
+            panic_at: None,
             end: None,
             cut: Mutex::new(None),
             einval: false,
@@ -291,6 +293,12 @@ impl Input for Faulty<'_> {
         {
             return Err(io::Error::from_raw_os_error(nix::libc::EIO));
         }
+        if let Some(p) = self
+            .panic_at
+            .filter(|p| (off..off + buf.len() as u64).contains(p))
+        {
+            panic!("a planted panic in the read at {p}");
+        }
         // Read all that is asked (a direct read needs its aligned length), report less.
         let mut n = self.src.read_at(buf, off, how)?.min(self.short);
         if let Some(end) = self.end {
@@ -338,6 +346,52 @@ fn short_reads_are_retried_until_the_bytes_are_all_there() {
             assert!(input.reads.load(Ordering::Relaxed) >= len / short as u64);
         }
     }
+}
+
+#[test]
+fn reads_and_writes_run_on_the_engines_own_threads_every_time() {
+    let f = TempFile::new("pool", 4 << 20, 12);
+    let src = Source::open(&f.path).expect("open");
+    let e = engine(3, 128 << 10, PageCache::Direct);
+    for k in 0..8u64 {
+        check_read(&e, &f, &src, k * 4096, 3 << 20);
+    }
+    let mut room = vec![7u8; (1 << 20) + 4096];
+    let at = room.as_ptr().align_offset(4096);
+    let out = TempFile::new("pool-out", 1 << 20, 13);
+    let sink = Sink::open(&out.path, false, false).expect("open for writing");
+    for _ in 0..3 {
+        // SAFETY: `room[at..]` holds 1 MiB readable bytes for the call.
+        let r = unsafe { e.write_host_ptr(&sink, room[at..].as_ptr(), 1 << 20, 0) }.expect("write");
+        assert_eq!(r.bytes, 1 << 20);
+    }
+    room.truncate(0);
+    let threads = lock(&e.worker_threads).clone();
+    // Threads spawned per read would be new ones every time: 8 reads and 3 writes of 3
+    // workers each would have shown up to 33.
+    assert_eq!(
+        threads.len(),
+        3,
+        "the workers ran on {} threads",
+        threads.len()
+    );
+    assert!(!threads.contains(&std::thread::current().id()));
+}
+
+#[test]
+fn a_panicking_worker_is_an_error_and_the_engine_goes_on() {
+    let f = TempFile::new("panic", 2 << 20, 14);
+    let src = Source::open(&f.path).expect("open");
+    let e = engine(4, 128 << 10, PageCache::Direct);
+    let mut input = Faulty::new(&src);
+    input.panic_at = Some(1 << 20);
+    let mut mem = vec![0u8; 2 << 20];
+    match faulty_read(&e, &input, &mut mem, 0, 2 << 20) {
+        Err(Error::Worker { what }) => assert!(what.contains("panicked"), "{what}"),
+        other => panic!("expected a Worker error, got {other:?}"),
+    }
+    // The pool survived the panic: the next read is whole.
+    check_read(&e, &f, &src, 0, 2 << 20);
 }
 
 #[test]

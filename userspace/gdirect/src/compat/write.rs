@@ -219,43 +219,48 @@ impl<B: Backend> CompatEngine<B> {
         let stop = AtomicBool::new(false);
         let first_err: Mutex<Option<Error>> = Mutex::new(None);
         let total = Mutex::new(WriteTally::default());
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| {
-                    let work = || -> Result<()> {
-                        let _entered = self.backend.enter_thread()?;
-                        let mut st = state()?;
-                        let mut mine = WriteTally::default();
-                        while !stop.load(Ordering::Relaxed) {
-                            let i = next.fetch_add(1, Ordering::Relaxed);
-                            if i >= pieces {
-                                break;
-                            }
-                            let (a, b) = range(i);
-                            let n = (b - a) as usize;
-                            let src = piece(&mut st, a - offset, n)?;
-                            // SAFETY: `piece` vouches for `n` readable bytes at `src`.
-                            let direct = unsafe { dst.put(src, n, a) }?;
-                            *if direct {
-                                &mut mine.direct
-                            } else {
-                                &mut mine.buffered
-                            } += n as u64;
-                            mine.ios += 1;
-                        }
-                        let mut t = lock(&total);
-                        t.direct += mine.direct;
-                        t.buffered += mine.buffered;
-                        t.ios += mine.ios;
-                        Ok(())
-                    };
-                    if let Err(e) = work() {
-                        stop.store(true, Ordering::Relaxed);
-                        lock(&first_err).get_or_insert(e);
+        let worker = || {
+            let work = || -> Result<()> {
+                let _entered = self.backend.enter_thread()?;
+                let mut st = state()?;
+                let mut mine = WriteTally::default();
+                while !stop.load(Ordering::Relaxed) {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= pieces {
+                        break;
                     }
-                });
+                    let (a, b) = range(i);
+                    let n = (b - a) as usize;
+                    let src = piece(&mut st, a - offset, n)?;
+                    // SAFETY: `piece` vouches for `n` readable bytes at `src`.
+                    let direct = unsafe { dst.put(src, n, a) }?;
+                    *if direct {
+                        &mut mine.direct
+                    } else {
+                        &mut mine.buffered
+                    } += n as u64;
+                    mine.ios += 1;
+                }
+                let mut t = lock(&total);
+                t.direct += mine.direct;
+                t.buffered += mine.buffered;
+                t.ios += mine.ios;
+                Ok(())
+            };
+            if let Err(e) = work() {
+                stop.store(true, Ordering::Relaxed);
+                lock(&first_err).get_or_insert(e);
             }
-        });
+        };
+        // A worker that panicked wrote some of its pieces, or none: the write failed.
+        let panicked = self
+            .on_workers((0..threads).map(|_| &worker).collect())
+            .contains(&None);
+        if panicked {
+            lock(&first_err).get_or_insert(Error::Worker {
+                what: "a compat worker panicked",
+            });
+        }
         if let Some(e) = first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
             return Err(e);
         }
