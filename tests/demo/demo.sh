@@ -26,8 +26,8 @@ trap cleanup EXIT
 # A GPU-targeted read, narrated, with the host's verdict on the bytes.
 # Usage: gpu_read FILE HOST_NAME:OFFSET LEN_MIB
 gpu_read() {
-	say "   $ gdirect read $1 --mem gpu --len $3M"
-	out=$(gdirect read "$1" --mem gpu --len "$3M" --json) || fail "gdirect read $1"
+	say "   $ gdirect read $1 --mem egpu --len $3M"
+	out=$(gdirect read "$1" --mem egpu --len "$3M" --json) || fail "gdirect read $1"
 	say "     $(echo "$out" | jq -r '"\(.bytes) bytes into GPU memory at BAR offset \(.memory.bar_offset) over \(.transport): path \(.path), reason \(.reason), \(.bounce_bytes) bytes through host memory"')"
 	[ "$(echo "$out" | jq -r .reason)" = none ] || say "     why: $(echo "$out" | jq -r .why)"
 	if _host_compare "gpu:$(echo "$out" | jq .memory.bar_offset)" "$2" $(($3 << 20)) >/dev/null; then

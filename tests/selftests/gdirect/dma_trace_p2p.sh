@@ -33,7 +33,7 @@ _dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
 # Usage: p2p_read LEN OFFSET [FILE [IMAGE IMAGE_OFFSET]]: one read, its report and its DMA.
 p2p_read() {
 	_dma_mark &&
-		_gd_read "${3:-$dev}" --mem gpu --offset "$2" --len "$1" &&
+		_gd_read "${3:-$dev}" --mem egpu --offset "$2" --len "$1" &&
 		_dma_since &&
 		_expect_eq "bytes path bounce_bytes" "$1 p2p 0" "$(_rj .bytes) $(_rj .path) $(_rj .bounce_bytes)" &&
 		_expect_eq "bar ram cmb (host trace)" "$1 0 0" "$DMA_BAR_READ $DMA_RAM_READ $DMA_CMB_READ" &&
@@ -62,7 +62,7 @@ file_read() {
 		dd if="$dev" of="$mnt/data" bs=1M skip=180 count=6 2>/dev/null && sync &&
 		echo 3 >/proc/sys/vm/drop_caches &&
 		# The file's metadata comes in through RAM once; the data read after it must not.
-		gdirect read "$mnt/data" --mem gpu --len 4K >/dev/null &&
+		gdirect read "$mnt/data" --mem egpu --len 4K >/dev/null &&
 		p2p_read $((6 * M)) 0 "$mnt/data" nvme0 $((180 * M))
 }
 _test "a 6 MiB file on ext4: all in the BAR, none in RAM" file_read
@@ -70,7 +70,7 @@ _test "the file system unmounts" umount "$mnt"
 
 bounced() {
 	_dma_mark &&
-		_gd_read "$dev" --mem gpu --offset $((188 * M)) --len $((2 * M)) --force-bounce &&
+		_gd_read "$dev" --mem egpu --offset $((188 * M)) --len $((2 * M)) --force-bounce &&
 		_dma_since &&
 		_expect_eq "bar ram (host trace)" "0 $((2 * M))" "$DMA_BAR_READ $DMA_RAM_READ"
 }

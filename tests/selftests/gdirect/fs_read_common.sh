@@ -39,12 +39,12 @@ _test "files written from the raw namespace" fill
 holes() { [ "$(stat -c %b "$mnt/sparse")" -lt $((4 * MiB / 512)) ]; }
 _test "the sparse file has holes ($(stat -c %b "$mnt/sparse") blocks of 512 for 4 MiB)" holes
 
-_test "plain: 4 MiB read into GPU memory" _gd_read "$mnt/plain" --mem gpu
+_test "plain: 4 MiB read into GPU memory" _gd_read "$mnt/plain" --mem egpu
 _test "plain: peer to peer from the switch NVMe" _expect_eq path "p2p none" "$(_rj .path) $(_rj .reason)"
 _test "plain: the host finds the raw bytes in GPU memory" \
 	_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((2 * MiB)) $((4 * MiB))
 
-_test "sparse: 4 MiB read" _gd_read "$mnt/sparse" --mem gpu
+_test "sparse: 4 MiB read" _gd_read "$mnt/sparse" --mem egpu
 _test "sparse: all 4 MiB, no EOF" _expect_eq "bytes eof" "$((4 * MiB)) false" "$(_rj .bytes) $(_rj .eof)"
 bar=$(_rj .memory.bar_offset)
 sparse_ok() {
@@ -54,7 +54,7 @@ sparse_ok() {
 }
 _test "sparse: data where written, zeros in the hole (host check)" sparse_ok
 
-_test "short: a 2 MiB read of a 1 MiB + 1000 byte file succeeds" _gd_read "$mnt/short" --mem gpu --len 2M
+_test "short: a 2 MiB read of a 1 MiB + 1000 byte file succeeds" _gd_read "$mnt/short" --mem egpu --len 2M
 _test "short: it stops at the end of the file and says so" \
 	_expect_eq "bytes eof" "$((MiB + 1000)) true" "$(_rj .bytes) $(_rj .eof)"
 bar=$(_rj .memory.bar_offset)

@@ -54,7 +54,7 @@ host_extents() {
 
 # Usage: case NAME FILE OFFSET: write, then check the report, the guest's and the host's view.
 write_case() {
-	out=$(gdirect write "$2" --from /tmp/fs-write-src --mem gpu --offset "$3" --json)
+	out=$(gdirect write "$2" --from /tmp/fs-write-src --mem egpu --offset "$3" --json)
 	rc=$?
 	ktap_print_msg "$1: $(echo "$out" | jq -c '{bytes,path,reason,bounce_bytes}' 2>/dev/null)"
 	_test "$1: 4 MiB written from GPU memory, peer to peer" \

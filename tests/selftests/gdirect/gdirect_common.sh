@@ -282,7 +282,7 @@ _rj() { echo "$READ_JSON" | jq -r "$1"; }
 # then the bytes from the host against its image NAME at IMAGE_OFFSET.
 # Usage: _gd_read_exact FILE OFFSET LEN NAME IMAGE_OFFSET
 _gd_read_exact() {
-	_gd_read "$1" --mem gpu --offset "$2" --len "$3" &&
+	_gd_read "$1" --mem egpu --offset "$2" --len "$3" &&
 		_expect_eq bytes "$3" "$(_rj .bytes)" &&
 		_host_compare "gpu:$(_rj .memory.bar_offset)" "$4:$5" "$3"
 }

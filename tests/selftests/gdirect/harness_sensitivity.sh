@@ -31,7 +31,7 @@ K=1024
 not() { ! "$@"; }
 
 ktap_print_header
-ktap_set_plan 13
+ktap_set_plan 15
 
 # 1. No read: the first MiB of the BAR filled by the CPU with a pattern, compared with the drive.
 _test "the CPU fills the first MiB of the BAR with a known pattern" gdirect-mmap "$bar" 0 $M fill 12345
@@ -39,7 +39,7 @@ _test "a host COMPARE of GPU memory no read wrote is reported FAIL" not _host_co
 
 # 2. A 4 KiB read (into the first allocation: BAR offset 0, first fit) compared over 8 KiB.
 _test "control: a 4 KiB read at 200 KiB past 97 MiB lands in GPU memory" \
-	_gd_read "$dev" --mem gpu --offset $((97 * M + 200 * K)) --len 4K
+	_gd_read "$dev" --mem egpu --offset $((97 * M + 200 * K)) --len 4K
 at=$(_rj .memory.bar_offset)
 _test "control: its 4 KiB compare equal on the host" _host_compare "gpu:$at" nvme0:$((97 * M + 200 * K)) 4096
 _test "the same read compared over 8 KiB is reported FAIL" not _host_compare "gpu:$at" nvme0:$((97 * M + 200 * K)) 8192
@@ -49,7 +49,7 @@ _test "the CPU flips one byte of what was read" gdirect-mmap "$bar" "$at" 4096 f
 _test "the compare with one flipped byte is reported FAIL" not _host_compare "gpu:$at" nvme0:$((97 * M + 200 * K)) 4096
 
 # 4. The right bytes compared at the wrong offset of the drive.
-read_98m() { _gd_read "$dev" --mem gpu --offset 98M --len 64K && _host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((98 * M)) 65536; }
+read_98m() { _gd_read "$dev" --mem egpu --offset 98M --len 64K && _host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((98 * M)) 65536; }
 _test "control: a 64 KiB read at 98 MiB compares equal" read_98m
 _test "compared 4 KiB off in the drive, it is reported FAIL" \
 	not _host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((98 * M + 4096)) 65536
@@ -57,12 +57,16 @@ _test "compared 4 KiB off in the drive, it is reported FAIL" \
 # 5. A wrong sha256, and --verify against a reference that differs.
 _test "a host SHA256 check with a wrong digest is reported FAIL" \
 	not _host_sha256 "gpu:$(_rj .memory.bar_offset)" 65536 "$(printf '%064d' 0)"
-_test "gdirect read --verify against the other drive exits nonzero" \
-	not gdirect read "$dev" --mem gpu --offset 98M --len 64K --verify "$other"
+_test "control: gdirect read --verify against its own drive exits 0" \
+	_expect_eq "exit status" 0 "$(gdirect read "$dev" --mem egpu --offset 32M --len 64K --verify >/dev/null 2>&1; echo $?)"
+_test "gdirect read --verify against the other drive exits 3 (a mismatch)" \
+	_expect_eq "exit status" 3 "$(gdirect read "$dev" --mem egpu --offset 32M --len 64K --verify "$other" >/dev/null 2>&1; echo $?)"
+_test "--verify against a reference that ends before the bytes read exits 3 too" \
+	_expect_eq "exit status" 3 "$(gdirect read "$dev" --mem egpu --offset 98M --len 64K --verify "$other" >/dev/null 2>&1; echo $?)"
 
 # 6. The DMA path proof: a read that bounced does not pass for P2P.
 _dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
-_gd_read "$dev" --mem gpu --offset 99M --len 1M --force-bounce >/dev/null
+_gd_read "$dev" --mem egpu --offset 99M --len 1M --force-bounce >/dev/null
 _dma_since
 _test "a bounced read fails the P2P proof (all into the BAR, none into RAM)" \
 	not _expect_eq "bar ram" "$M 0" "$DMA_BAR_READ $DMA_RAM_READ"

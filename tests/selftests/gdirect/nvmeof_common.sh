@@ -317,7 +317,7 @@ _nvmeof_gpu_read_test() {
 	_test "discovered and connected over $trtype" _nvmeof_connect "$trtype" "$nqn"
 	bounced=$(_stat bounce read bounce_bytes)
 	_dma_mark
-	_test "16 MiB of the remote namespace read into GPU memory" _gd_read "$NVMEOF_NS" --mem gpu --len 16M
+	_test "16 MiB of the remote namespace read into GPU memory" _gd_read "$NVMEOF_NS" --mem egpu --len 16M
 	_dma_since
 	_test "QEMU saw the target's NVMe DMA all 16 MiB into guest RAM, none into the GPU's BAR" \
 		_expect_eq "ram bar" "16777216 0" "${DMA_RAM_READ:-} ${DMA_BAR_READ:-}"

@@ -41,13 +41,13 @@ for trtype in rdma tcp; do
 	nqn=$GDIRECT_NQN_PREFIX:ext4-$trtype
 	remote() { _nvmeof_target_up "$trtype" "$nqn" "$fsdev" && _nvmeof_connect "$trtype" "$nqn" && mount -t ext4 "$NVMEOF_NS" "$mnt"; }
 	_test "$trtype: the namespace exported, connected and mounted on the host side" remote
-	_test "$trtype: the 4 MiB file read into GPU memory" _gd_read "$mnt/data" --mem gpu
+	_test "$trtype: the 4 MiB file read into GPU memory" _gd_read "$mnt/data" --mem egpu
 	_test "$trtype: reported as bounced for the $trtype queue" \
 		_expect_eq "path reason transport" "bounce queue_no_p2p $trtype" "$(_rj .path) $(_rj .reason) $(_rj .transport)"
 	_test "$trtype: the file's bytes are in GPU memory (host check)" \
 		_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((2 * MiB)) $((4 * MiB))
 	sparse() {
-		_gd_read "$mnt/sparse" --mem gpu && bar=$(_rj .memory.bar_offset) &&
+		_gd_read "$mnt/sparse" --mem egpu && bar=$(_rj .memory.bar_offset) &&
 			_host_compare "gpu:$bar" nvme0:$((8 * MiB)) $MiB &&
 			_host_compare "gpu:$((bar + MiB))" zero:0 $MiB &&
 			_host_compare "gpu:$((bar + 2 * MiB))" nvme0:$((9 * MiB)) $MiB

@@ -75,7 +75,7 @@ reported() {
 _test "reported as bounced over tcp: the paths' queues take no P2P pages" reported
 
 # One path lost mid-read: the other carries the rest.
-_bg_read_start "$NVMEOF_NS" --mem gpu --offset $((32 * MIB)) --len $((128 * MIB)) --chunk $((128 * MIB))
+_bg_read_start "$NVMEOF_NS" --mem egpu --offset $((32 * MIB)) --len $((128 * MIB)) --chunk $((128 * MIB))
 _test "a 128 MiB read is in flight in the module" _wait_active_transfer
 _test "the second port is removed: one path lost" _nvmet_unlink tcp2 "$nqn"
 _bg_read_wait 60
@@ -87,7 +87,7 @@ failed_over() {
 _test "the lost path is down, the read failed over to the other and completed, exact (host check)" failed_over
 
 # The last path lost mid-read: a fabric fault.
-_bg_read_start "$NVMEOF_NS" --mem gpu --offset $((64 * MIB)) --len $((128 * MIB)) --chunk $((128 * MIB))
+_bg_read_start "$NVMEOF_NS" --mem egpu --offset $((64 * MIB)) --len $((128 * MIB)) --chunk $((128 * MIB))
 last_lost() {
 	_wait_active_transfer && _nvmet_unlink tcp "$nqn"
 }

@@ -86,7 +86,7 @@ _test "the RNIC wrote all $total bytes into P2PDMA pages (its own counter)" \
 forced() {
 	p2p_bytes=$(_rdma_counter rxe_near p2pdma_write_bytes)
 	ram_bytes=$(_rdma_counter rxe_near ram_write_bytes)
-	_gd_read "$NVMEOF_NS" --mem gpu --offset $((216 * MiB)) --len $((2 * MiB)) --force-bounce &&
+	_gd_read "$NVMEOF_NS" --mem egpu --offset $((216 * MiB)) --len $((2 * MiB)) --force-bounce &&
 		_expect_eq "path reason bounce_bytes" "bounce forced $((2 * MiB))" \
 			"$(_rj .path) $(_rj .reason) $(_rj .bounce_bytes)" &&
 		_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((216 * MiB)) $((2 * MiB)) &&
@@ -108,7 +108,7 @@ remote() {
 _test "namespace 2 exported through the RNIC and mounted on the host side" remote
 file_read() {
 	p2p_bytes=$(_rdma_counter rxe_near p2pdma_write_bytes)
-	_gd_read "$mnt/data" --mem gpu &&
+	_gd_read "$mnt/data" --mem egpu &&
 		_expect_eq "bytes path reason transport bounce_bytes" "$((5 * MiB)) p2p none rdma 0" \
 			"$(_rj .bytes) $(_rj .path) $(_rj .reason) $(_rj .transport) $(_rj .bounce_bytes)" &&
 		_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((218 * MiB)) $((5 * MiB)) &&

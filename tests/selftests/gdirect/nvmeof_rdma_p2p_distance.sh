@@ -38,7 +38,7 @@ _test "the namespace exported and connected over RDMA through it" up
 bounced=$(_stat bounce read bounce_bytes)
 p2p_bytes=$(_rdma_counter rxe_far p2pdma_write_bytes)
 ram_bytes=$(_rdma_counter rxe_far ram_write_bytes)
-_test "6 MiB read into GPU memory" _gd_read "$NVMEOF_NS" --mem gpu --offset $((224 * MiB)) --len $((6 * MiB))
+_test "6 MiB read into GPU memory" _gd_read "$NVMEOF_NS" --mem egpu --offset $((224 * MiB)) --len $((6 * MiB))
 ktap_print_msg "why: $(_rj .why)"
 _test "bounced for the PCI distance between the RNIC and the GPU memory, over rdma" \
 	_expect_eq "bytes path reason transport bounce_bytes" "$((6 * MiB)) bounce distance rdma $((6 * MiB))" \

@@ -20,7 +20,7 @@ ktap_set_plan 8
 
 bounced_before=$(_stat bounce read bounce_bytes)
 _dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
-_test "8 MiB read into GPU memory" _gd_read "$dev" --mem gpu --offset 8M --len 8M
+_test "8 MiB read into GPU memory" _gd_read "$dev" --mem egpu --offset 8M --len 8M
 _dma_since
 _test "QEMU saw the NVMe DMA all 8 MiB into guest RAM, none into the GPU's BAR" \
 	_expect_eq "bar ram" "0 8388608" "$DMA_BAR_READ $DMA_RAM_READ"
@@ -30,7 +30,7 @@ _test "the stats count them as bounced" _expect_eq "bounced" $((bounced_before +
 _test "the host's /dev/shm holds the drive image's bytes" \
 	_host_compare "gpu:$(_rj .memory.bar_offset)" nvme1:8388608 8388608
 forced() {
-	_gd_read "$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL")" --mem gpu --len 4M --force-bounce &&
+	_gd_read "$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL")" --mem egpu --len 4M --force-bounce &&
 		_expect_eq path "bounce forced" "$(_rj .path) $(_rj .reason)" &&
 		_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:0 4194304
 }

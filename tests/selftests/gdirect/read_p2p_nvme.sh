@@ -23,7 +23,7 @@ ktap_set_plan 8
 p2p_before=$(_stat p2p read bytes)
 bounce_before=$(( $(_stat bounce read bounce_bytes) + $(_stat p2p read bounce_bytes) ))
 _dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
-_test "16 MiB read into GPU memory" _gd_read "$dev" --mem gpu --offset 4M --len 16M
+_test "16 MiB read into GPU memory" _gd_read "$dev" --mem egpu --offset 4M --len 16M
 _dma_since
 _test "QEMU saw the NVMe DMA all 16 MiB into the GPU's BAR, none into guest RAM" \
 	_expect_eq "bar ram" "16777216 0" "$DMA_BAR_READ $DMA_RAM_READ"

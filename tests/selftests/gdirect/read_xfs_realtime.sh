@@ -46,7 +46,7 @@ fill() {
 }
 _test "a realtime file written from the raw namespace" fill
 _dma_mark
-_test "8 MiB of the realtime file read into GPU memory" _gd_read "$mnt/rt" --mem gpu
+_test "8 MiB of the realtime file read into GPU memory" _gd_read "$mnt/rt" --mem egpu
 _dma_since
 ktap_print_msg "why: $(_rj .why)"
 _test "bounced, with the reason data_device (not P2P on the data device's word)" \
@@ -55,7 +55,7 @@ _test "the host finds the raw bytes in GPU memory" \
 	_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((20 * MiB)) $((8 * MiB))
 _test "QEMU saw the NVMe DMA none of the file's bytes (they came from the realtime device)" \
 	sh -c "[ ${DMA_RAM_READ:-x} -lt $MiB ] && [ ${DMA_BAR_READ:-x} -eq 0 ]"
-_test "a read at an offset is exact too" _gd_read "$mnt/rt" --mem gpu --offset $((3 * MiB)) --len $((2 * MiB))
+_test "a read at an offset is exact too" _gd_read "$mnt/rt" --mem egpu --offset $((3 * MiB)) --len $((2 * MiB))
 at_ok() {
 	_expect_eq "bytes reason" "$((2 * MiB)) data_device" "$(_rj .bytes) $(_rj .reason)" &&
 		_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((23 * MiB)) $((2 * MiB))

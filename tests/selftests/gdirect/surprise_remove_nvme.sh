@@ -29,7 +29,7 @@ M=1048576
 ktap_print_header
 ktap_set_plan 7
 
-_bg_read_start "$slow" --mem gpu --offset 8M --len 48M --chunk 48M
+_bg_read_start "$slow" --mem egpu --offset 8M --len 48M --chunk 48M
 _test "a read into GPU memory is in flight" _wait_active_transfer
 _test "the controller is removed from the bus" sh -c "echo 1 >/sys/bus/pci/devices/$bdf/remove && [ ! -e /sys/bus/pci/devices/$bdf ]"
 _bg_read_wait 120
@@ -62,7 +62,7 @@ rescanned() {
 }
 _test "after a rescan the controller and its namespace are back" rescanned
 again() {
-	_gd_read "$ns" --mem gpu --offset 72M --len 8M &&
+	_gd_read "$ns" --mem egpu --offset 72M --len 8M &&
 		_expect_eq "bytes path" "$((8 * M)) p2p" "$(_rj .bytes) $(_rj .path)" &&
 		_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((72 * M)) $((8 * M))
 }

@@ -35,7 +35,7 @@ fabric_write() {
 	_test "$port: target up, connected" up
 	[ "$port" = rdma-near ] && rnic0=$(_rdma_counter rxe_near p2pdma_read_bytes)
 	_dma_mark
-	out=$(gdirect write "${NVMEOF_NS:-/dev/null}" --from /tmp/fabric-write-src --mem gpu --offset "$at" --json)
+	out=$(gdirect write "${NVMEOF_NS:-/dev/null}" --from /tmp/fabric-write-src --mem egpu --offset "$at" --json)
 	rc=$?
 	_dma_since
 	ktap_print_msg "$port: $(echo "$out" | jq -c '{bytes,path,reason,transport,bounce_bytes}' 2>/dev/null)"

@@ -25,7 +25,7 @@ ktap_set_plan 7
 dd if="$src" of=/tmp/write-src bs=1M count=4 iflag=direct 2>/dev/null
 written_before=$(_stat p2p write bytes)
 _dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
-out=$(gdirect write "$dst" --from /tmp/write-src --mem gpu --offset 200M --json)
+out=$(gdirect write "$dst" --from /tmp/write-src --mem egpu --offset 200M --json)
 rc=$?
 _dma_since
 ktap_print_msg "$(echo "$out" | jq -c '{bytes,path,reason,bounce_bytes}')"

@@ -21,17 +21,17 @@ pub(crate) struct EngineArgs {
     /// Worker threads of the compat engine [env: GDIRECT_THREADS; default: CPUs, at most 16].
     #[arg(long)]
     pub(crate) threads: Option<usize>,
-    /// Bytes per I/O of the compat engine, a multiple of 4K [env: GDIRECT_TASK_SIZE; default 4M].
+    /// Bytes per I/O of the compat engine, a multiple of 4K [env: GDIRECT_TASK_SIZE; default: 2M].
     #[arg(long, alias = "task-size", value_parser = crate::parse_size)]
     pub(crate) block_size: Option<u64>,
-    /// Pinned staging bytes per thread [env: GDIRECT_STAGING_SIZE; default 8M].
+    /// Pinned staging bytes per thread [env: GDIRECT_STAGING_SIZE; default: 4M].
     #[arg(long, value_parser = crate::parse_size)]
     pub(crate) staging_size: Option<u64>,
     /// Cached data: auto (by mincore, piece by piece), direct, buffered or mapped
-    /// [env: GDIRECT_PAGE_CACHE; default auto].
-    #[arg(long, value_parser = ["auto", "direct", "buffered", "mapped"])]
-    pub(crate) page_cache: Option<String>,
-    /// Registered page-cache bytes kept between reads [env: GDIRECT_KEEP_MAPPED; default 0].
+    /// [env: GDIRECT_PAGE_CACHE; default: auto].
+    #[arg(long, value_enum)]
+    pub(crate) page_cache: Option<PageCacheArg>,
+    /// Registered page-cache bytes kept between reads [env: GDIRECT_KEEP_MAPPED; default: 0].
     #[arg(long, value_parser = crate::parse_offset)]
     pub(crate) keep_mapped: Option<u64>,
     /// Use the compat engine even when the module is loaded.
@@ -39,7 +39,58 @@ pub(crate) struct EngineArgs {
     pub(crate) compat: bool,
 }
 
+/// `--page-cache`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PageCacheArg {
+    Auto,
+    Direct,
+    Buffered,
+    Mapped,
+}
+
+/// `bench --method`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Method {
+    /// The library: the module where it serves, the compat engine otherwise.
+    Gdirect,
+    /// Read the whole file into host memory, then copy it to the GPU.
+    Naive,
+}
+
+impl Method {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Gdirect => "gdirect",
+            Self::Naive => "naive",
+        }
+    }
+}
+
+/// The CUDA device a read goes to when none is named: 0 where a CUDA GPU is visible.
+pub(crate) fn default_device() -> gdirect::Result<usize> {
+    #[cfg(feature = "cuda")]
+    if gdirect::compat::device_count() > 0 {
+        return Ok(0);
+    }
+    Err(Error::Cuda {
+        what: "device discovery",
+        error: "no CUDA GPU is visible to this process; read into other memory with --mem \
+                host, --mem egpu (the test rig's emulated GPU) or --mem p2pmem"
+            .into(),
+    })
+}
+
 impl EngineArgs {
+    /// Whether any of the engine's settings was given.
+    pub(crate) fn is_set(&self) -> bool {
+        self.threads.is_some()
+            || self.block_size.is_some()
+            || self.staging_size.is_some()
+            || self.page_cache.is_some()
+            || self.keep_mapped.is_some()
+            || self.compat
+    }
+
     fn builder(&self) -> Builder {
         let mut b = CompatEngine::builder();
         if let Some(t) = self.threads {
@@ -51,12 +102,12 @@ impl EngineArgs {
         if let Some(s) = self.staging_size {
             b = b.staging_size(s);
         }
-        if let Some(p) = &self.page_cache {
-            b = b.page_cache(match p.as_str() {
-                "direct" => PageCache::Direct,
-                "buffered" => PageCache::Buffered,
-                "mapped" => PageCache::Mapped,
-                _ => PageCache::Auto,
+        if let Some(p) = self.page_cache {
+            b = b.page_cache(match p {
+                PageCacheArg::Direct => PageCache::Direct,
+                PageCacheArg::Buffered => PageCache::Buffered,
+                PageCacheArg::Mapped => PageCache::Mapped,
+                PageCacheArg::Auto => PageCache::Auto,
             });
         }
         if let Some(k) = self.keep_mapped {
@@ -76,6 +127,18 @@ pub(crate) struct CompatJson {
     mapped_bytes: u64,
     registered_bytes: u64,
     ios: u64,
+}
+
+impl CompatJson {
+    /// Adds the byte and I/O counts of a later piece of the same read.
+    #[cfg(feature = "cuda")]
+    fn add(&mut self, other: &Self) {
+        self.direct_bytes += other.direct_bytes;
+        self.buffered_bytes += other.buffered_bytes;
+        self.mapped_bytes += other.mapped_bytes;
+        self.registered_bytes += other.registered_bytes;
+        self.ios += other.ios;
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -102,6 +165,10 @@ struct GpuReadJson {
     eof: bool,
     engine: &'static str,
     why: String,
+    /// Bytes of GPU memory the read went through, and how many pieces it took.
+    window: u64,
+    pieces: u64,
+    /// Seconds of reading (verification not included).
     seconds: f64,
     gb_per_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -116,9 +183,23 @@ pub(crate) struct GpuReadJob {
     pub(crate) gpu: usize,
     pub(crate) offset: u64,
     pub(crate) len: Option<u64>,
+    /// Bytes of GPU memory to read through (`None`: the default of [`window_size`]).
+    pub(crate) window: Option<u64>,
     pub(crate) verify: Option<PathBuf>,
     pub(crate) engine: EngineArgs,
     pub(crate) json: bool,
+}
+
+/// The GPU memory a read of `len` bytes goes through: `asked` rounded up to 4 KiB, or the
+/// whole read where it fits in half of the `free` device memory, or that half (in MiB).
+fn window_size(len: u64, asked: Option<u64>, free: u64) -> u64 {
+    const MIB: u64 = 1 << 20;
+    let whole = len.max(1).div_ceil(4096) * 4096;
+    match asked {
+        Some(w) => (w.div_ceil(4096) * 4096).min(whole),
+        None if whole <= free / 2 => whole,
+        None => (free / 2 / MIB * MIB).max(MIB).min(whole),
+    }
 }
 
 /// The bytes to read: `len`, or to the end of the file.
@@ -142,7 +223,12 @@ pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
         job.engine.builder(),
         job.gpu,
     );
-    let _ = (&job.verify, CompatJson::default());
+    let _ = (
+        &job.verify,
+        job.window,
+        CompatJson::default(),
+        window_size(0, None, 0),
+    );
     Err(no_cuda()).json(job.json)
 }
 
@@ -161,47 +247,89 @@ pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
         // GDIRECT_COMPAT_MODE (auto, on, off) decides, as for any user of the library.
         GpuReader::from_env(engine).json(json)?
     };
+    let (free, _) = ctx
+        .mem_get_info()
+        .map_err(cuda("GPU memory query"))
+        .json(json)?;
+    let window = window_size(len, job.window, free as u64);
     let mut mem = ctx
         .default_stream()
-        .alloc_zeros::<u8>(len.max(1) as usize)
+        .alloc_zeros::<u8>(window as usize)
         .map_err(cuda("GPU memory allocation"))
         .json(json)?;
-    let t0 = Instant::now();
-    let r = reader
-        .read(&job.file, &mut mem, 0, job.offset, len)
-        .json(json)?;
-    let seconds = t0.elapsed().as_secs_f64();
-    let t = r.transfer;
-    let verified = match &job.verify {
-        None => None,
-        Some(reference) => {
-            let want = gdirect::checksum::of_file(reference, job.offset, t.bytes, 16).json(json)?;
-            let got = gdirect::checksum::of_device(&mem, t.bytes, 16).json(json)?;
-            Some(want == got)
+    // The file goes through the window piece by piece; each piece is verified before the
+    // next overwrites it.
+    let mut bytes = 0u64;
+    let mut eof = false;
+    let mut pieces = 0u64;
+    let mut seconds = 0.0;
+    let mut first = None;
+    let mut compat: Option<CompatJson> = None;
+    let mut verified = job.verify.as_ref().map(|_| true);
+    while bytes < len {
+        let n = window.min(len - bytes);
+        let t0 = Instant::now();
+        let r = reader
+            .read(&job.file, &mut mem, 0, job.offset + bytes, n)
+            .json(json)?;
+        seconds += t0.elapsed().as_secs_f64();
+        pieces += 1;
+        let t = r.transfer;
+        first.get_or_insert((t.engine.name(), t.engine.explain()));
+        if let Some(c) = &r.compat {
+            let piece = compat_json(&settings, c);
+            match &mut compat {
+                Some(sum) => sum.add(&piece),
+                None => compat = Some(piece),
+            }
         }
-    };
+        if let Some(reference) = &job.verify {
+            let at = job.offset + bytes;
+            let want = gdirect::checksum::of_file(reference, at, t.bytes, 16).json(json)?;
+            let got = gdirect::checksum::of_device(&mem, t.bytes, 16).json(json)?;
+            if want != got {
+                eprintln!(
+                    "gdirect: verify: the {} bytes at offset {at} differ from {} (checksums {got:016x} in GPU memory, {want:016x} in the file)",
+                    t.bytes,
+                    reference.display()
+                );
+                verified = Some(false);
+            }
+        }
+        bytes += t.bytes;
+        if t.eof || t.bytes < n || verified == Some(false) {
+            eof = t.eof;
+            break;
+        }
+    }
+    let (engine, why) = first.unwrap_or(("none", "nothing was read".into()));
     let report = GpuReadJson {
         file: job.file.display().to_string(),
         gpu: job.gpu,
         offset: job.offset,
         len,
-        bytes: t.bytes,
-        eof: t.eof,
-        engine: t.engine.name(),
-        why: t.engine.explain(),
+        bytes,
+        eof,
+        engine,
+        why,
+        window,
+        pieces,
         seconds,
-        gb_per_s: t.bytes as f64 / seconds.max(1e-9) / 1e9,
-        compat: r.compat.as_ref().map(|c| compat_json(&settings, c)),
+        gb_per_s: bytes as f64 / f64::max(seconds, 1e-9) / 1e9,
+        compat,
         verified,
     };
     if json {
         print_json(&report);
     } else {
         println!(
-            "read {} bytes at offset {} of {} into GPU {}",
-            t.bytes, job.offset, report.file, job.gpu
+            "read {bytes} bytes at offset {} of {} into GPU {}",
+            job.offset, report.file, job.gpu
         );
         println!("engine     {} ({})", report.engine, report.why);
+        if pieces > 1 {
+            println!("window     {window} bytes of GPU memory, {pieces} pieces");
+        }
         if let Some(c) = &report.compat {
             println!(
                 "compat     {} threads, {} B tasks, page cache {}: {} B direct, {} B buffered, {} B mapped",
@@ -209,26 +337,20 @@ pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
             );
         }
         println!("time       {seconds:.3} s, {:.2} GB/s", report.gb_per_s);
-        if t.eof {
-            println!(
-                "end        the file ended {} bytes into the {len} asked for",
-                t.bytes
-            );
+        if eof {
+            println!("end        the file ended {bytes} bytes into the {len} asked for");
         }
         match verified {
             Some(true) => println!("verify     every byte matches the reference"),
-            Some(false) => println!("verify     MISMATCH"),
+            Some(false) => println!("verify     MISMATCH (see above)"),
             None => {}
         }
     }
     if verified == Some(false) {
-        return Err(Failure {
-            error: Error::Cuda {
-                what: "verification",
-                error: "the GPU memory does not hold the reference's bytes".into(),
-            },
-            json: false,
-        });
+        return Err(Failure::mismatch(Error::Cuda {
+            what: "verification",
+            error: "the GPU memory does not hold the reference's bytes".into(),
+        }));
     }
     Ok(())
 }
@@ -256,9 +378,9 @@ pub(crate) struct BenchArgs {
     /// registrations): the first read of a fresh process.
     #[arg(long, conflicts_with_all = ["repeat", "warmup"])]
     pub(crate) first: bool,
-    /// gdirect (the compat engine) or naive (read the file into host memory, then copy).
-    #[arg(long, default_value = "gdirect", value_parser = ["gdirect", "naive"])]
-    pub(crate) method: String,
+    /// How to read.
+    #[arg(long, value_enum, default_value_t = Method::Gdirect)]
+    pub(crate) method: Method,
     /// Bytes to read from the start of the file [default: all of it].
     #[arg(long, value_parser = crate::parse_size)]
     pub(crate) len: Option<u64>,
@@ -266,9 +388,6 @@ pub(crate) struct BenchArgs {
     /// once more to compute it.
     #[arg(long, value_parser = parse_hex)]
     pub(crate) reference: Option<u64>,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
-    pub(crate) json: bool,
 }
 
 fn parse_hex(s: &str) -> Result<u64, String> {
@@ -290,7 +409,7 @@ struct BenchJson {
     file: String,
     gpu: usize,
     bytes: u64,
-    method: String,
+    method: &'static str,
     cold: bool,
     first: bool,
     threads: usize,
@@ -315,9 +434,9 @@ fn cuda<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> Error {
 }
 
 #[cfg(not(feature = "cuda"))]
-pub(crate) fn bench(args: &BenchArgs) -> Result<(), Failure> {
+pub(crate) fn bench(args: &BenchArgs, json: bool) -> Result<(), Failure> {
     let _ = (read_len(&args.file, 0, args.len), args.engine.builder());
-    Err(no_cuda()).json(args.json)
+    Err(no_cuda()).json(json)
 }
 
 fn percentile(sorted: &[u64], p: f64) -> f64 {
@@ -329,12 +448,11 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
 }
 
 #[cfg(feature = "cuda")]
-pub(crate) fn bench(args: &BenchArgs) -> Result<(), Failure> {
+pub(crate) fn bench(args: &BenchArgs, json: bool) -> Result<(), Failure> {
     use gdirect::compat::{CudaBackend, Source};
     use indicatif::{ProgressBar, ProgressStyle};
     use std::io::IsTerminal;
 
-    let json = args.json;
     let len = read_len(&args.file, 0, args.len).json(json)?;
     let t0 = Instant::now();
     let reference = match args.reference {
@@ -372,7 +490,7 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<(), Failure> {
         b
     });
     let mut engine = None;
-    if !args.first && args.method == "gdirect" {
+    if !args.first && args.method == Method::Gdirect {
         engine = Some(
             args.engine
                 .builder()
@@ -394,7 +512,7 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<(), Failure> {
             src.evict().json(json)?;
         }
         let t0 = Instant::now();
-        let report: Option<Report> = if args.method == "naive" {
+        let report: Option<Report> = if args.method == Method::Naive {
             let data = std::fs::read(&args.file)
                 .map_err(|e| Error::FileIo {
                     path: args.file.clone(),
@@ -426,15 +544,14 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<(), Failure> {
         let seconds = t0.elapsed().as_secs_f64();
         let got = gdirect::checksum::of_device(&mem, len, 16).json(json)?;
         if got != reference {
-            return Err(Failure {
-                error: Error::Cuda {
-                    what: "bench verification",
-                    error: format!(
-                        "read {k}: GPU memory checksum {got:016x}, file {reference:016x}: the read is wrong and its time does not count"
-                    ),
-                },
-                json,
+            let mut failure = Failure::mismatch(Error::Cuda {
+                what: "bench verification",
+                error: format!(
+                    "read {k}: GPU memory checksum {got:016x}, file {reference:016x}: the read is wrong and its time does not count"
+                ),
             });
+            failure.json = json;
+            return Err(failure);
         }
         if let Some(b) = &bar {
             b.inc(1);
@@ -466,7 +583,7 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<(), Failure> {
         file: args.file.display().to_string(),
         gpu: args.gpu,
         bytes: len,
-        method: args.method.clone(),
+        method: args.method.name(),
         cold: args.cold,
         first: args.first,
         threads: settings.threads,
@@ -512,4 +629,27 @@ pub(crate) fn bench(args: &BenchArgs) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::window_size;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn the_window_is_the_read_unless_it_does_not_fit() {
+        // Fits in half the free memory: the whole read, in 4 KiB.
+        assert_eq!(window_size(100, None, 64 * MIB), 4096);
+        assert_eq!(window_size(32 * MIB, None, 64 * MIB), 32 * MIB);
+        // Larger: half the free memory, whole MiB.
+        assert_eq!(window_size(33 * MIB, None, 64 * MIB), 32 * MIB);
+        assert_eq!(window_size(1 << 40, None, 64 * MIB + 5), 32 * MIB);
+        // Nearly no free memory: 1 MiB, for the allocation to fail with its own error.
+        assert_eq!(window_size(1 << 40, None, 0), MIB);
+        // Asked for: rounded up to 4 KiB, never more than the read.
+        assert_eq!(window_size(64 * MIB, Some(MIB + 1), 0), MIB + 4096);
+        assert_eq!(window_size(8192, Some(MIB), 0), 8192);
+        assert_eq!(window_size(0, None, 0), 4096);
+    }
 }

@@ -31,8 +31,44 @@ struct Cli {
     #[arg(long, global = true, env = "GDIRECT_DEVICE", default_value = gdirect::DEFAULT_DEVICE_PATH)]
     device: PathBuf,
 
+    /// Print one JSON object instead of text (schemas: see README).
+    #[arg(long, global = true)]
+    json: bool,
+
     #[command(subcommand)]
     command: Command,
+}
+
+/// The memory of a command that does not read into a CUDA device (`--mem`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MemKind {
+    /// A buffer of this process.
+    Host,
+    /// The test rig's emulated GPU (tests/egpu), through the nvidia provider.
+    Egpu,
+    /// P2P memory published by a PCI device: the first that has some, or this one.
+    P2pmem(Option<PciAddress>),
+}
+
+/// Parses `--mem`: `host`, `egpu`, `p2pmem` or `p2pmem:BDF`.
+fn parse_mem(s: &str) -> Result<MemKind, String> {
+    match s.split_once(':') {
+        None if s == "host" => Ok(MemKind::Host),
+        None if s == "egpu" => Ok(MemKind::Egpu),
+        None if s == "p2pmem" => Ok(MemKind::P2pmem(None)),
+        Some(("p2pmem", bdf)) => bdf
+            .parse()
+            .map(|a| MemKind::P2pmem(Some(a)))
+            .map_err(|_| format!("'{bdf}' is not a PCI address (like 0000:03:00.0)")),
+        _ if s == "gpu" || s.starts_with("cuda") => Err(
+            "a CUDA device's memory is chosen with --gpu N (read's default where a GPU is \
+             present); `egpu` is the test rig's emulated GPU"
+                .into(),
+        ),
+        _ => Err(format!(
+            "'{s}' is not a memory: host, egpu, p2pmem or p2pmem:BDF"
+        )),
+    }
 }
 
 #[derive(Subcommand)]
@@ -41,11 +77,7 @@ enum Command {
     /// and limits.
     ///
     /// Exit status: 0 when the module answered, 1 when it is not loaded or cannot be used.
-    Info {
-        /// Print one JSON object instead of text (schema: see README).
-        #[arg(long)]
-        json: bool,
-    },
+    Info,
     /// Register memory and show how PCI devices reach it: the map type and the address each
     /// device would use for every page.
     ///
@@ -55,11 +87,11 @@ enum Command {
     ///
     /// Exit status: 0 on success, 1 on any error.
     Query {
-        /// The memory: `host` (a buffer of this process), `gpu` (the test rig's emulated GPU,
+        /// The memory: `host` (a buffer of this process), `egpu` (the test rig's emulated GPU,
         /// through the nvidia provider) or `p2pmem` (P2P memory published by the first device
         /// that has some; `p2pmem:BDF` for that device).
-        #[arg(long, default_value = "host")]
-        mem: String,
+        #[arg(long, default_value = "host", value_parser = parse_mem, value_name = "MEM")]
+        mem: MemKind,
         /// Bytes to allocate and register (suffixes K, M, G).
         #[arg(long, default_value = "1M", value_parser = parse_size)]
         size: u64,
@@ -72,56 +104,60 @@ enum Command {
         /// Print every address, not the first few.
         #[arg(long)]
         all: bool,
-        /// Print one JSON object instead of text.
-        #[arg(long)]
-        json: bool,
     },
     /// Read a file (a raw block device, or a file on a file system with direct I/O) into device
     /// memory, and show the path the bytes took and why.
     ///
-    /// With --gpu N the memory is CUDA device N's: the module moves the bytes where it is loaded
-    /// with the nvidia provider, the library's compat engine everywhere else (parallel O_DIRECT
-    /// reads into pinned buffers, or DMA from the page cache for cached data), and the report
-    /// says which and why.
+    /// Where a CUDA GPU is present the memory is CUDA device 0's (--gpu N for another): the
+    /// module moves the bytes where it is loaded with the nvidia provider, the library's compat
+    /// engine everywhere else (parallel O_DIRECT reads into pinned buffers, or DMA from the page
+    /// cache for cached data), and the report says which and why. A read larger than the GPU's
+    /// free memory goes through a window of it, piece by piece. --mem reads into other memory
+    /// instead (host, the test rig's emulated GPU, P2P memory) through the module only.
     ///
-    /// Exit status: 0 on success (and a matching --verify), 1 otherwise.
+    /// Exit status: 0 on success, 3 when --verify found a byte that differs, 1 on any other
+    /// error, 2 for a command line error.
     Read {
         /// The file, opened with O_DIRECT.
         file: PathBuf,
-        /// Read into the memory of CUDA device N (instead of --mem).
-        #[arg(long, value_name = "N")]
+        /// Read into the memory of CUDA device N [default: 0, where a CUDA GPU is present].
+        #[arg(long, value_name = "N", conflicts_with_all = ["mem", "chunk", "force_bounce", "poison"])]
         gpu: Option<usize>,
-        /// The memory: `gpu` (the rig's emulated GPU), `host`, or `p2pmem` (P2P memory of the
-        /// first device that publishes some, or `p2pmem:BDF` of that one).
-        #[arg(long, default_value = "gpu")]
-        mem: String,
+        /// Read into this memory, through the module, instead of a CUDA device's: `host` (a
+        /// buffer of this process), `egpu` (the test rig's emulated GPU), or `p2pmem` (P2P
+        /// memory of the first device that publishes some; `p2pmem:BDF` of that one). Needed
+        /// where no CUDA GPU is present.
+        #[arg(long, value_parser = parse_mem, value_name = "MEM")]
+        mem: Option<MemKind>,
         /// Where in the file to start (a multiple of its logical block size; K, M, G suffixes).
         #[arg(long, default_value = "0", value_parser = parse_offset)]
         offset: u64,
-        /// Bytes to read (default: to the end of the file; rounded up to 4 KiB).
+        /// Bytes to read [default: to the end of the file; with --mem rounded up to 4 KiB].
         #[arg(long, value_parser = parse_size)]
         len: Option<u64>,
-        /// Bytes per transfer (progress is shown between transfers).
-        #[arg(long, default_value = "16M", value_parser = parse_size)]
-        chunk: u64,
-        /// Take the bounce path whatever the hardware allows.
+        /// With --mem: bytes per transfer (progress is shown between transfers) [default: 16M].
+        #[arg(long, value_parser = parse_size)]
+        chunk: Option<u64>,
+        /// With --mem: take the bounce path whatever the hardware allows.
         #[arg(long)]
         force_bounce: bool,
-        /// Fill the memory with a pattern made from SEED before reading, so that bytes the
-        /// read did not deliver cannot pass for data (default: a seed from the clock, shown
-        /// in the report; 0 leaves the memory as it was allocated).
+        /// With --mem: fill the memory with a pattern made from SEED before reading, so that
+        /// bytes the read did not deliver cannot pass for data [default: a seed from the clock,
+        /// shown in the report; 0 leaves the memory as it was allocated].
         #[arg(long, value_name = "SEED")]
         poison: Option<u64>,
+        /// With a CUDA device: the bytes of GPU memory to read through, reused for each piece
+        /// of the file [default: the whole read, or half the device's free memory when the read
+        /// is larger].
+        #[arg(long, value_parser = parse_size, conflicts_with = "mem")]
+        window: Option<u64>,
         /// Compare the bytes in device memory with this file (default: FILE), at the same
         /// offset.
         #[arg(long, value_name = "REFERENCE", num_args = 0..=1)]
         verify: Option<Option<PathBuf>>,
-        /// The compat engine's settings (with --gpu).
+        /// With a CUDA device: the compat engine's settings.
         #[command(flatten)]
         engine: gpu::EngineArgs,
-        /// Print one JSON object instead of text.
-        #[arg(long)]
-        json: bool,
     },
     /// Measure reads of a file into CUDA device memory: GB/s, IOPS and per-I/O latency
     /// (p50/p99). Every read is verified against a checksum of the file before its time counts.
@@ -130,7 +166,8 @@ enum Command {
     /// read; --first measures one read that includes making the engine, as a fresh process's
     /// first read does.
     ///
-    /// Exit status: 0 when every read was verified, 1 otherwise.
+    /// Exit status: 0 when every read was verified, 3 when a read's bytes were wrong, 1 on any
+    /// other error.
     Bench(gpu::BenchArgs),
     /// Fill device memory from a source file, then write it to a file with direct I/O, and show
     /// the path the bytes took and why.
@@ -142,10 +179,11 @@ enum Command {
         /// Where the bytes come from (copied into device memory by the CPU first).
         #[arg(long)]
         from: PathBuf,
-        /// The memory: `gpu` (the rig's emulated GPU), `host`, or `p2pmem` (P2P memory of the
-        /// first device that publishes some, or `p2pmem:BDF` of that one).
-        #[arg(long, default_value = "gpu")]
-        mem: String,
+        /// The memory the bytes are written from, through the module: `host` (a buffer of this
+        /// process), `egpu` (the test rig's emulated GPU), or `p2pmem` (P2P memory of the first
+        /// device that publishes some; `p2pmem:BDF` of that one).
+        #[arg(long, required = true, value_parser = parse_mem, value_name = "MEM")]
+        mem: MemKind,
         /// Where in the file to write (a multiple of its logical block size).
         #[arg(long, default_value = "0", value_parser = parse_offset)]
         offset: u64,
@@ -155,9 +193,6 @@ enum Command {
         /// Take the bounce path whatever the hardware allows.
         #[arg(long)]
         force_bounce: bool,
-        /// Print one JSON object instead of text.
-        #[arg(long)]
-        json: bool,
     },
     /// Check whether this node is set up for GPU-direct storage, and say what to change.
     ///
@@ -173,81 +208,103 @@ enum Command {
     /// 2 when sysfs cannot be read. (nvmeof): 0 when the check ran.
     Check {
         /// The section to check.
-        #[arg(value_parser = ["all", "nvmeof"], default_value = "all")]
-        section: String,
+        #[arg(value_enum, default_value_t = Section::All)]
+        section: Section,
         /// Read sysfs from this directory instead of /sys (for captured trees).
         #[arg(long, default_value = "/sys", hide = true)]
         sysfs: PathBuf,
-        /// Print one JSON object instead of text.
-        #[arg(long)]
-        json: bool,
     },
     /// Show the module's I/O counters: transfers, bytes, errors and latency per path and
     /// direction, and why transfers bounced.
-    Stats {
-        /// Print one JSON object instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    Stats,
 }
+
+/// The sections of `gdirect check`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Section {
+    /// Every memory against every storage device, then the checks.
+    All,
+    /// The fabrics controllers and multipath heads.
+    Nvmeof,
+}
+
+/// The exit status of a read whose bytes differ from the reference (--verify, bench).
+const EXIT_MISMATCH: u8 = 3;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let json = cli.json;
     let result = match cli.command {
-        Command::Info { json } => info(&cli.device, json),
+        Command::Info => info(&cli.device, json),
         Command::Query {
             mem,
             size,
             peers,
             persistent,
             all,
-            json,
-        } => query(&cli.device, &mem, size, &peers, persistent, all, json),
+        } => query(&cli.device, mem, size, &peers, persistent, all, json),
         Command::Read {
-            file,
-            gpu: Some(gpu),
-            offset,
-            len,
-            verify,
-            engine,
-            json,
-            ..
-        } => gpu::read(&gpu::GpuReadJob {
-            verify: verify.map(|v| v.unwrap_or_else(|| file.clone())),
             file,
             gpu,
-            offset,
-            len,
-            engine,
-            json,
-        }),
-        Command::Read {
-            file,
-            gpu: None,
             mem,
             offset,
             len,
             chunk,
             force_bounce,
             poison,
+            window,
             verify,
-            engine: _,
-            json,
-        } => read(
-            &cli.device,
-            &ReadJob {
-                verify: verify.map(|v| v.unwrap_or_else(|| file.clone())),
-                file,
-                mem,
-                offset,
-                len,
-                chunk,
-                force_bounce,
-                poison: poison.unwrap_or_else(clock_seed),
-                json,
-            },
-        ),
-        Command::Bench(args) => gpu::bench(&args),
+            engine,
+        } => {
+            let verify = verify.map(|v| v.unwrap_or_else(|| file.clone()));
+            match (gpu, mem) {
+                (_, Some(mem)) => {
+                    if engine.is_set() {
+                        usage_error(
+                            "--threads, --block-size, --staging-size, --page-cache, \
+                             --keep-mapped and --compat set the compat engine, which reads \
+                             into CUDA memory only (--gpu), not --mem",
+                        );
+                    }
+                    read(
+                        &cli.device,
+                        &ReadJob {
+                            file,
+                            mem,
+                            offset,
+                            len,
+                            chunk: chunk.unwrap_or(DEFAULT_CHUNK),
+                            force_bounce,
+                            poison: poison.unwrap_or_else(clock_seed),
+                            verify,
+                            json,
+                        },
+                    )
+                }
+                (gpu, None) => {
+                    if chunk.is_some() || force_bounce || poison.is_some() {
+                        usage_error(
+                            "--chunk, --force-bounce and --poison apply to --mem reads; \
+                             without --mem a read goes into a CUDA device's memory",
+                        );
+                    }
+                    match gpu.map_or_else(gpu::default_device, Ok) {
+                        Ok(gpu) => gpu::read(&gpu::GpuReadJob {
+                            file,
+                            gpu,
+                            offset,
+                            len,
+                            window,
+                            verify,
+                            engine,
+                            json,
+                        }),
+                        Err(error) => Err(Failure::new(error, json)),
+                    }
+                }
+            }
+        }
+        Command::Bench(args) => gpu::bench(&args, json),
         Command::Write {
             file,
             from,
@@ -255,24 +312,19 @@ fn main() -> ExitCode {
             offset,
             len,
             force_bounce,
-            json,
         } => write(
             &cli.device,
             &file,
             &from,
-            &mem,
+            mem,
             offset,
             len,
             force_bounce,
             json,
         ),
-        Command::Stats { json } => stats(&cli.device, json),
-        Command::Check {
-            section,
-            sysfs,
-            json,
-        } => {
-            if section == "nvmeof" {
+        Command::Stats => stats(&cli.device, json),
+        Command::Check { section, sysfs } => {
+            if section == Section::Nvmeof {
                 check_nvmeof(&sysfs, json);
                 return ExitCode::SUCCESS;
             }
@@ -293,15 +345,48 @@ fn main() -> ExitCode {
                 });
             }
             eprintln!("gdirect: {}", failure.error);
-            ExitCode::FAILURE
+            ExitCode::from(failure.exit)
         }
     }
 }
 
-/// An error, and whether to report it as JSON too.
+/// Bytes per transfer of a `--mem` read.
+const DEFAULT_CHUNK: u64 = 16 << 20;
+
+/// Ends the program with a command line error (exit status 2), as clap reports its own.
+fn usage_error(message: &str) -> ! {
+    use clap::CommandFactory;
+    Cli::command()
+        .error(clap::error::ErrorKind::ArgumentConflict, message)
+        .exit()
+}
+
+/// An error, whether to report it as JSON too, and the exit status.
 struct Failure {
     error: Error,
     json: bool,
+    exit: u8,
+}
+
+impl Failure {
+    /// An error that ends the command with status 1.
+    fn new(error: Error, json: bool) -> Self {
+        Self {
+            error,
+            json,
+            exit: 1,
+        }
+    }
+
+    /// Bytes that differ from the reference: status [`EXIT_MISMATCH`]; the report that says
+    /// so was printed already.
+    fn mismatch(error: Error) -> Self {
+        Self {
+            error,
+            json: false,
+            exit: EXIT_MISMATCH,
+        }
+    }
 }
 
 trait JsonContext<T> {
@@ -310,7 +395,7 @@ trait JsonContext<T> {
 
 impl<T> JsonContext<T> for gdirect::Result<T> {
     fn json(self, json: bool) -> Result<T, Failure> {
-        self.map_err(|error| Failure { error, json })
+        self.map_err(|error| Failure::new(error, json))
     }
 }
 
@@ -515,29 +600,18 @@ enum Mem {
 }
 
 impl Mem {
-    fn allocate(spec: &str, size: u64) -> gdirect::Result<Self> {
+    fn allocate(kind: MemKind, size: u64) -> gdirect::Result<Self> {
         let len = usize::try_from(size).map_err(|_| Error::Allocation {
             what: format!("{size} bytes"),
             errno: gdirect::Errno::EOVERFLOW,
         })?;
-        match spec.split_once(':') {
-            None if spec == "host" => Ok(Self::Host(HostBuffer::new(len)?)),
-            None if spec == "p2pmem" => Ok(Self::P2p(P2pMem::allocate_any(len)?)),
-            None if spec == "egpu" || spec == "gpu" => Ok(Self::Egpu(
-                Egpu::open()?
-                    .alloc(size.div_ceil(gdirect::egpu::PAGE_SIZE) * gdirect::egpu::PAGE_SIZE)?,
-            )),
-            Some(("p2pmem", bdf)) => {
-                let dev: PciAddress = bdf.parse().map_err(|_| Error::Allocation {
-                    what: format!("P2P memory of '{bdf}'"),
-                    errno: gdirect::Errno::EINVAL,
-                })?;
-                Ok(Self::P2p(P2pMem::allocate(dev, len)?))
-            }
-            _ => Err(Error::Allocation {
-                what: format!("memory of kind '{spec}' (use gpu, host, p2pmem or p2pmem:BDF)"),
-                errno: gdirect::Errno::EINVAL,
-            }),
+        match kind {
+            MemKind::Host => Ok(Self::Host(HostBuffer::new(len)?)),
+            MemKind::P2pmem(None) => Ok(Self::P2p(P2pMem::allocate_any(len)?)),
+            MemKind::P2pmem(Some(dev)) => Ok(Self::P2p(P2pMem::allocate(dev, len)?)),
+            MemKind::Egpu => Ok(Self::Egpu(Egpu::open()?.alloc(
+                size.div_ceil(gdirect::egpu::PAGE_SIZE) * gdirect::egpu::PAGE_SIZE,
+            )?)),
         }
     }
 
@@ -593,7 +667,7 @@ impl Mem {
                 poison_seed: None,
             },
             Self::Egpu(m) => MemJson {
-                kind: "gpu",
+                kind: "egpu",
                 address: m.va(),
                 bar_offset: Some(m.bar_offset()),
                 device: gdirect::egpu::sysfs_device()
@@ -622,7 +696,7 @@ impl Mem {
 
 fn query(
     device: &PathBuf,
-    spec: &str,
+    spec: MemKind,
     size: u64,
     peers: &[PciAddress],
     persistent: bool,
@@ -719,7 +793,128 @@ fn query(
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_size, quantile_us};
+    use super::{parse_size, quantile_us, Cli, Command, MemKind, Section};
+    use clap::{error::ErrorKind, CommandFactory, Parser};
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("gdirect").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn memory_kinds_parse_and_gpu_is_not_one() {
+        let mem = |args: &[&str]| match parse(args).map(|c| c.command) {
+            Ok(Command::Read { mem, gpu, .. }) => Ok((mem, gpu)),
+            Ok(_) => panic!("not a read"),
+            Err(e) => Err(e),
+        };
+        assert_eq!(mem(&["read", "f"]).ok(), Some((None, None)));
+        assert_eq!(
+            mem(&["read", "f", "--gpu", "1"]).ok(),
+            Some((None, Some(1)))
+        );
+        assert_eq!(
+            mem(&["read", "f", "--mem", "egpu"]).ok(),
+            Some((Some(MemKind::Egpu), None))
+        );
+        assert_eq!(
+            mem(&["read", "f", "--mem", "host"]).ok(),
+            Some((Some(MemKind::Host), None))
+        );
+        assert_eq!(
+            mem(&["read", "f", "--mem", "p2pmem"]).ok(),
+            Some((Some(MemKind::P2pmem(None)), None))
+        );
+        let bdf = "0000:03:00.0".parse().ok();
+        assert!(bdf.is_some());
+        assert_eq!(
+            mem(&["read", "f", "--mem", "p2pmem:0000:03:00.0"]).ok(),
+            Some((Some(MemKind::P2pmem(bdf)), None))
+        );
+        for bad in ["gpu", "cuda:0", "p2pmem:nope", "vram"] {
+            let e = mem(&["read", "f", "--mem", bad]).err();
+            assert_eq!(
+                e.map(|e| e.kind()),
+                Some(ErrorKind::ValueValidation),
+                "{bad}"
+            );
+        }
+        let e = mem(&["read", "f", "--mem", "gpu"])
+            .err()
+            .map(|e| e.to_string());
+        assert!(e.is_some_and(|e| e.contains("--gpu N") && e.contains("egpu")));
+    }
+
+    #[test]
+    fn flags_of_the_other_memory_are_refused() {
+        for args in [
+            &["read", "f", "--gpu", "0", "--mem", "host"][..],
+            &["read", "f", "--gpu", "0", "--chunk", "1M"],
+            &["read", "f", "--gpu", "0", "--force-bounce"],
+            &["read", "f", "--gpu", "0", "--poison", "7"],
+            &["read", "f", "--mem", "egpu", "--window", "1M"],
+        ] {
+            let kind = parse(args).err().map(|e| e.kind());
+            assert_eq!(kind, Some(ErrorKind::ArgumentConflict), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn json_is_global_and_values_are_enums() {
+        for args in [&["--json", "stats"][..], &["stats", "--json"]] {
+            assert!(parse(args).is_ok_and(|c| c.json), "{args:?}");
+        }
+        assert!(parse(&["info"]).is_ok_and(|c| !c.json));
+        assert!(matches!(
+            parse(&["check", "nvmeof"]).map(|c| c.command),
+            Ok(Command::Check {
+                section: Section::Nvmeof,
+                ..
+            })
+        ));
+        assert!(parse(&["check", "bogus"]).is_err());
+        assert!(parse(&["bench", "f", "--method", "bogus"]).is_err());
+        assert!(parse(&["bench", "f", "--page-cache", "bogus"]).is_err());
+        assert!(parse(&["bench", "f", "--page-cache", "mapped"]).is_ok());
+    }
+
+    #[test]
+    fn engine_help_shows_the_library_defaults() {
+        let d = gdirect::compat::Settings::default();
+        let cmd = Cli::command();
+        let read = cmd.find_subcommand("read");
+        let help = |id: &str| {
+            read.and_then(|r| r.get_arguments().find(|a| a.get_id() == id))
+                .and_then(|a| a.get_help())
+                .map(ToString::to_string)
+                .unwrap_or_default()
+        };
+        let mib = |n: u64| format!("default: {}M]", n >> 20);
+        assert!(
+            help("block_size").contains(&mib(d.task_size)),
+            "{}",
+            help("block_size")
+        );
+        assert!(help("staging_size").contains(&mib(d.staging_size)));
+        assert!(help("keep_mapped").contains(&format!("default: {}]", d.keep_mapped)));
+        assert!(help("page_cache").contains(&format!("default: {}]", d.page_cache.name())));
+        let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+        assert_eq!(d.threads, threads.clamp(1, 16), "threads: CPUs, at most 16");
+        assert!(help("threads").contains("default: CPUs, at most 16]"));
+    }
+
+    #[test]
+    fn write_names_its_memory() {
+        let kind = parse(&["write", "f", "--from", "g"])
+            .err()
+            .map(|e| e.kind());
+        assert_eq!(kind, Some(ErrorKind::MissingRequiredArgument));
+        assert!(parse(&["write", "f", "--from", "g", "--mem", "egpu"]).is_ok());
+    }
 
     #[test]
     fn sizes_parse_with_suffixes() {
@@ -864,7 +1059,7 @@ fn nix_eio() -> i32 {
 
 struct ReadJob {
     file: PathBuf,
-    mem: String,
+    mem: MemKind,
     offset: u64,
     len: Option<u64>,
     chunk: u64,
@@ -894,16 +1089,16 @@ fn read(device: &PathBuf, job: &ReadJob) -> Result<(), Failure> {
     .div_ceil(4096)
         * 4096;
     if len == 0 {
-        return Err(Failure {
-            error: Error::OutOfRegistration {
+        return Err(Failure::new(
+            Error::OutOfRegistration {
                 handle: 0,
                 buf_offset: 0,
                 len: 0,
             },
             json,
-        });
+        ));
     }
-    let mut mem = Mem::allocate(&job.mem, len).json(json)?;
+    let mut mem = Mem::allocate(job.mem, len).json(json)?;
     if job.poison != 0 {
         mem.poison(job.poison, len).json(json)?;
     }
@@ -942,28 +1137,25 @@ fn read(device: &PathBuf, job: &ReadJob) -> Result<(), Failure> {
         "read", &job.file, job.offset, len, &sum, seconds, described, verified, json,
     );
     match verified {
-        Some(false) => Err(Failure {
-            error: Error::Io {
-                ioctl: "verify",
-                path: job.file.clone(),
-                errno: Errno::EIO,
-                driver: device.clone(),
-            },
-            json: false,
-        }),
+        Some(false) => Err(Failure::mismatch(Error::Io {
+            ioctl: "verify",
+            path: job.file.clone(),
+            errno: Errno::EIO,
+            driver: device.clone(),
+        })),
         _ => Ok(()),
     }
 }
 
 /// Compares `len` bytes of `mem` with `reference` at `offset`; prints the first difference.
 fn verify(mem: &Mem, reference: &std::path::Path, offset: u64, len: u64) -> gdirect::Result<bool> {
-    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::FileExt;
     let err = |e: std::io::Error| Error::OpenFile {
         path: reference.to_path_buf(),
         errno: Errno::from_raw(e.raw_os_error().unwrap_or(nix_eio())),
     };
-    let mut f = std::fs::File::open(reference).map_err(err)?;
-    f.seek(SeekFrom::Start(offset)).map_err(err)?;
+    // Positioned reads: a block device refuses a seek past its end, which is a mismatch here.
+    let f = std::fs::File::open(reference).map_err(err)?;
     let mut want = vec![0u8; 1 << 20];
     let mut got = vec![0u8; 1 << 20];
     let mut at = 0;
@@ -971,12 +1163,23 @@ fn verify(mem: &Mem, reference: &std::path::Path, offset: u64, len: u64) -> gdir
         let n = (len - at).min(want.len() as u64) as usize;
         let mut filled = 0;
         while filled < n {
-            match f.read(&mut want[filled..n]).map_err(err)? {
+            match f
+                .read_at(&mut want[filled..n], offset + at + filled as u64)
+                .map_err(err)?
+            {
                 0 => break,
                 k => filled += k,
             }
         }
-        // Past the reference's end the data must be what a read past EOF leaves: nothing.
+        if filled == 0 {
+            // The read delivered bytes the reference does not have.
+            eprintln!(
+                "gdirect: verify: {} ends at byte {}, before the {len} bytes read from offset {offset}",
+                reference.display(),
+                offset + at
+            );
+            return Ok(false);
+        }
         mem.read_back(at, &mut got[..filled])?;
         if let Some(i) = (0..filled).find(|&i| got[i] != want[i]) {
             eprintln!(
@@ -988,10 +1191,7 @@ fn verify(mem: &Mem, reference: &std::path::Path, offset: u64, len: u64) -> gdir
             );
             return Ok(false);
         }
-        if filled < n {
-            break;
-        }
-        at += n as u64;
+        at += filled as u64;
     }
     Ok(true)
 }
@@ -1077,7 +1277,7 @@ fn write(
     device: &PathBuf,
     target: &PathBuf,
     from: &PathBuf,
-    spec: &str,
+    spec: MemKind,
     offset: u64,
     len: Option<u64>,
     force_bounce: bool,
@@ -1088,23 +1288,25 @@ fn write(
         Some(l) => l,
         None => file_size(from).json(json)?,
     };
-    let data = std::fs::read(from).map_err(|e| Failure {
-        error: Error::OpenFile {
-            path: from.clone(),
-            errno: Errno::from_raw(e.raw_os_error().unwrap_or(nix_eio())),
-        },
-        json,
+    let data = std::fs::read(from).map_err(|e| {
+        Failure::new(
+            Error::OpenFile {
+                path: from.clone(),
+                errno: Errno::from_raw(e.raw_os_error().unwrap_or(nix_eio())),
+            },
+            json,
+        )
     })?;
     let len = len.min(data.len() as u64);
     if len == 0 {
-        return Err(Failure {
-            error: Error::OutOfRegistration {
+        return Err(Failure::new(
+            Error::OutOfRegistration {
                 handle: 0,
                 buf_offset: 0,
                 len: 0,
             },
             json,
-        });
+        ));
     }
     let mut mem = Mem::allocate(spec, len.div_ceil(4096) * 4096).json(json)?;
     mem.fill(0, &data[..len as usize]).json(json)?;

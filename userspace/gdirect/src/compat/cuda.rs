@@ -147,6 +147,15 @@ pub fn driver_present() -> bool {
     *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
 }
 
+/// The number of CUDA devices this process can use: 0 where the driver library is missing or
+/// cannot be initialised (no GPU, a driver without devices, `CUDA_VISIBLE_DEVICES` empty).
+pub fn device_count() -> usize {
+    if !driver_present() {
+        return 0;
+    }
+    CudaContext::device_count().map_or(0, |n| usize::try_from(n).unwrap_or(0))
+}
+
 /// GPU memory as the destination, on one CUDA context.
 #[derive(Debug, Clone)]
 pub struct CudaBackend {

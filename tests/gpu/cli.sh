@@ -1,0 +1,87 @@
+#!/bin/bash
+# SPDX-License-Identifier: GPL-2.0 OR MIT
+#
+# The command line tool on a CUDA machine (no kernel module needed): a read with no memory
+# named goes into CUDA device 0; a read through a window smaller than the file takes it piece
+# by piece, every piece verified; a byte that differs from the reference exits 3; flags of the
+# other kind of memory are command line errors (2); --json works on every command.
+#
+# Usage: tests/gpu/cli.sh [GDIRECT]   (default: target/release/gdirect)
+# Prints one "ok"/"not ok" line per check, then "N passed, N failed"; exits 1 on a failure.
+set -u
+
+gd=${1:-target/release/gdirect}
+dir=$(mktemp -d /var/tmp/gdirect-cli.XXXXXX) || exit 1
+trap 'rm -rf "$dir"' EXIT
+pass=0 fail=0
+MIB=1048576
+
+check() {
+	local name=$1
+	shift
+	if "$@"; then
+		echo "ok - $name"
+		pass=$((pass + 1))
+	else
+		echo "not ok - $name"
+		fail=$((fail + 1))
+	fi
+}
+
+# Fields of a JSON object on stdin, space separated.
+fields() { python3 -c 'import json, sys; d = json.load(sys.stdin); print(*[d.get(k) for k in sys.argv[1:]])' "$@"; }
+
+# eq WHAT WANT GOT
+eq() {
+	[ "$2" = "$3" ] && return 0
+	echo "# $1: want '$2', got '$3'"
+	return 1
+}
+
+# 96 MiB and 12 KiB of random bytes (not a multiple of the windows below), and a copy with
+# one byte changed at 70 MiB + 5.
+size=$((96 * MIB + 12288))
+head -c "$size" /dev/urandom >"$dir/a.bin"
+cp "$dir/a.bin" "$dir/b.bin"
+printf '\125' | dd of="$dir/b.bin" bs=1 seek=$((70 * MIB + 5)) conv=notrunc status=none
+cmp -s "$dir/a.bin" "$dir/b.bin" && { echo "# the copy did not change"; exit 1; }
+
+out=$("$gd" read "$dir/a.bin" --verify --json)
+check "no memory named: CUDA device 0, every byte, verified, one piece" \
+	eq "exit gpu bytes verified pieces" "0 0 $size True 1" "$? $(fields gpu bytes verified pieces <<<"$out")"
+
+out=$("$gd" read "$dir/a.bin" --window 16M --verify --json)
+check "a 16 MiB window: 7 pieces, every byte, each piece verified" \
+	eq "exit bytes verified pieces window" "0 $size True 7 $((16 * MIB))" \
+	"$? $(fields bytes verified pieces window <<<"$out")"
+
+out=$("$gd" --json read "$dir/a.bin" --offset 32M --len 40M --window 8M --verify)
+check "--json before the command; an offset and length through an 8 MiB window" \
+	eq "exit bytes verified pieces" "0 $((40 * MIB)) True 5" "$? $(fields bytes verified pieces <<<"$out")"
+
+out=$("$gd" read "$dir/a.bin" --window 16M --verify "$dir/b.bin" --json 2>"$dir/err")
+rc=$?
+check "a byte that differs from the reference: exit 3, the report says so" \
+	eq "exit verified" "3 False" "$rc $(fields verified <<<"$out")"
+check "the mismatch names the piece's offset" grep -q "bytes at offset $((64 * MIB)) differ" "$dir/err"
+
+"$gd" read "$dir/a.bin" --window 16M >"$dir/text"
+check "the text report shows the window" grep -q "^window .* 7 pieces" "$dir/text"
+
+for flags in "--chunk 1M" "--force-bounce" "--poison 7" "--gpu 0 --mem host" "--mem host --threads 4"; do
+	# shellcheck disable=SC2086
+	"$gd" read "$dir/a.bin" $flags >/dev/null 2>&1
+	check "read $flags: a command line error" eq exit 2 $?
+done
+
+out=$("$gd" read "$dir/a.bin" --gpu 4096 --json 2>/dev/null)
+rc=$?
+check "a GPU that does not exist: exit 1, a cuda error" eq "exit kind" "1 cuda" \
+	"$rc $(python3 -c 'import json, sys; print(json.load(sys.stdin)["error"]["kind"])' <<<"$out")"
+
+out=$("$gd" bench "$dir/a.bin" --repeat 1 --json)
+check "bench with the global --json: verified" eq "exit runs" "0 1" \
+	"$? $(python3 -c 'import json, sys; d = json.load(sys.stdin); print(sum(r["verified"] for r in d["runs"]))' <<<"$out")"
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
