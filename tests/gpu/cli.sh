@@ -83,5 +83,24 @@ out=$("$gd" bench "$dir/a.bin" --repeat 1 --json)
 check "bench with the global --json: verified" eq "exit runs" "0 1" \
 	"$? $(python3 -c 'import json, sys; d = json.load(sys.stdin); print(sum(r["verified"] for r in d["runs"]))' <<<"$out")"
 
+"$gd" bench "$dir/a.bin" --repeat 1 --reference 0123456789abcdef >/dev/null 2>&1
+check "bench against a wrong checksum: exit 3" eq exit 3 $?
+
+out=$("$gd" bench "$dir/a.bin" --io-size 1M --pattern rand --jobs 4 --repeat 1 --json)
+check "bench: random 1 MiB I/Os from 4 jobs, one pass (96 I/Os), every one verified" \
+	eq "exit ios bytes verified pattern" "0 96 $((96 * MIB)) True rand" \
+	"$? $(fields ios bytes verified pattern <<<"$out")"
+
+out=$("$gd" bench "$dir/a.bin" --io-size 4K --duration 1 --json)
+check "bench: 4 KiB I/Os for a second, timed and counted" python3 -c '
+import json, sys
+d = json.loads(sys.argv[1])
+ok = d["ios"] > 100 and d["bytes"] == 4096 * d["ios"] and 0 < d["seconds"] <= 1.5 and d["p99_us"] >= d["p50_us"] > 0
+print("# %d I/Os, %.0f IOPS, p50 %.0f us, p99 %.0f us" % (d["ios"], d["iops"], d["p50_us"], d["p99_us"]))
+sys.exit(0 if ok else 1)' "$out"
+
+"$gd" bench "$dir/a.bin" --io-size 4K --first >/dev/null 2>&1
+check "bench --io-size with --first: a command line error" eq exit 2 $?
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

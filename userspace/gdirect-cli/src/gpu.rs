@@ -388,6 +388,57 @@ pub(crate) struct BenchArgs {
     /// once more to compute it.
     #[arg(long, value_parser = parse_hex)]
     pub(crate) reference: Option<u64>,
+    /// Bytes per I/O, a multiple of 4K: each I/O is one read of the library into a buffer of
+    /// this size, its bytes compared with the file's after its time is taken [default: the
+    /// whole --len in one read, verified by checksum]. Independent of --block-size, the
+    /// engine's size of the reads it issues.
+    #[arg(long, value_parser = crate::parse_size, conflicts_with = "first")]
+    pub(crate) io_size: Option<u64>,
+    /// Where each I/O reads: one after the other, or at random offsets (multiples of the I/O
+    /// size).
+    #[arg(long, value_enum, default_value_t = Pattern::Seq, requires = "io_size")]
+    pub(crate) pattern: Pattern,
+    /// Issue I/Os for this many seconds instead of --repeat passes over the file.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        requires = "io_size",
+        conflicts_with = "repeat"
+    )]
+    pub(crate) duration: Option<f64>,
+    /// Threads issuing I/Os at once, each with a buffer of its own (gdsio's workers).
+    #[arg(long, default_value_t = 1, requires = "io_size")]
+    pub(crate) jobs: usize,
+}
+
+/// `bench --pattern`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pattern {
+    Seq,
+    Rand,
+}
+
+impl Pattern {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Seq => "seq",
+            Self::Rand => "rand",
+        }
+    }
+}
+
+/// The file offset of I/O `k` of job `job` of `jobs`: `slots` I/O-size slots in the file;
+/// sequential jobs start evenly spread and wrap; random ones draw from `state`.
+fn io_offset(pattern: Pattern, k: u64, job: u64, jobs: u64, slots: u64, state: &mut u64) -> u64 {
+    match pattern {
+        Pattern::Seq => (job * slots / jobs.max(1) + k) % slots.max(1),
+        Pattern::Rand => {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            *state % slots.max(1)
+        }
+    }
 }
 
 fn parse_hex(s: &str) -> Result<u64, String> {
@@ -436,7 +487,194 @@ fn cuda<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> Error {
 #[cfg(not(feature = "cuda"))]
 pub(crate) fn bench(args: &BenchArgs, json: bool) -> Result<(), Failure> {
     let _ = (read_len(&args.file, 0, args.len), args.engine.builder());
+    let _ = io_offset(args.pattern, 0, 0, 1, 1, &mut 1);
     Err(no_cuda()).json(json)
+}
+
+#[derive(Serialize)]
+struct BenchIoJson {
+    file: String,
+    gpu: usize,
+    pattern: &'static str,
+    io_size: u64,
+    jobs: usize,
+    threads: usize,
+    block_size: u64,
+    page_cache: &'static str,
+    ios: u64,
+    bytes: u64,
+    /// The longest job's time in reads (their verification not included).
+    seconds: f64,
+    gb_per_s: f64,
+    iops: f64,
+    p50_us: f64,
+    p99_us: f64,
+    /// Every I/O's bytes were compared with the file's.
+    verified: bool,
+}
+
+/// What one job of an I/O benchmark did.
+#[derive(Default)]
+struct JobTally {
+    ios: u64,
+    bytes: u64,
+    read_ns: u64,
+    latencies: Vec<u64>,
+}
+
+/// `bench --io-size`: jobs issuing I/Os of one size, each I/O's bytes compared with the
+/// file's after its time is taken.
+#[cfg(feature = "cuda")]
+fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
+    use gdirect::compat::{CudaBackend, Source};
+    use std::{os::unix::fs::FileExt, time::Duration};
+
+    let len = read_len(&args.file, 0, args.len).json(json)?;
+    let io = io.div_ceil(4096) * 4096;
+    let slots = len / io;
+    if slots == 0 {
+        crate::usage_error(&format!(
+            "--io-size {io} is larger than the {len} bytes to read"
+        ));
+    }
+    let jobs = args.jobs.max(1);
+    let backend = CudaBackend::new(args.gpu).json(json)?;
+    let ctx = backend.context().clone();
+    let engine = args.engine.builder().build(backend).json(json)?;
+    let settings = engine.settings().clone();
+    let src = Source::open(&args.file).json(json)?;
+    let file = std::fs::File::open(&args.file)
+        .map_err(|e| Error::OpenFile {
+            path: args.file.clone(),
+            errno: gdirect::Errno::from_raw(e.raw_os_error().unwrap_or(5)),
+        })
+        .json(json)?;
+    let per_job = (args.repeat.max(1) as u64 * slots).div_ceil(jobs as u64);
+    let deadline = args
+        .duration
+        .map(|d| Instant::now() + Duration::from_secs_f64(d.max(0.0)));
+    // A job's failure: (the bytes differ, the error).
+    type JobResult = Result<JobTally, (bool, Error)>;
+    let job = |j: usize| -> JobResult {
+        let other = |e: Error| (false, e);
+        let stream = ctx.default_stream();
+        let mut mem = stream
+            .alloc_zeros::<u8>(io as usize)
+            .map_err(cuda("GPU memory allocation"))
+            .map_err(other)?;
+        let mut got = vec![0u8; io as usize];
+        let mut want = vec![0u8; io as usize];
+        let mut state =
+            0x9e37_79b9_7f4a_7c15u64 ^ (j as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let mut t = JobTally::default();
+        for k in 0.. {
+            match deadline {
+                Some(d) if Instant::now() >= d => break,
+                None if k >= per_job => break,
+                _ => {}
+            }
+            let off = io_offset(args.pattern, k, j as u64, jobs as u64, slots, &mut state) * io;
+            let t0 = Instant::now();
+            let r = engine.read(&src, &mut mem, 0, off, io).map_err(other)?;
+            let ns = t0.elapsed().as_nanos() as u64;
+            stream
+                .memcpy_dtoh(&mem, &mut got)
+                .and_then(|()| stream.synchronize())
+                .map_err(cuda("device-to-host copy"))
+                .map_err(other)?;
+            file.read_exact_at(&mut want, off).map_err(|e| {
+                other(Error::FileIo {
+                    path: args.file.clone(),
+                    offset: off,
+                    errno: gdirect::Errno::from_raw(e.raw_os_error().unwrap_or(5)),
+                })
+            })?;
+            if r.bytes != io || got != want {
+                let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                return Err((
+                    true,
+                    Error::Cuda {
+                        what: "bench verification",
+                        error: format!(
+                            "the I/O at offset {off} read {} of {io} bytes, first difference at byte {}: the read is wrong and its time does not count",
+                            r.bytes,
+                            off + at as u64
+                        ),
+                    },
+                ));
+            }
+            t.ios += 1;
+            t.bytes += io;
+            t.read_ns += ns;
+            t.latencies.push(ns);
+        }
+        Ok(t)
+    };
+    let results: Vec<JobResult> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..jobs).map(|j| scope.spawn(move || job(j))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or(Err((
+                    false,
+                    Error::Worker {
+                        what: "a bench job panicked",
+                    },
+                )))
+            })
+            .collect()
+    });
+    let mut all = JobTally::default();
+    let mut longest = 0u64;
+    for r in results {
+        match r {
+            Ok(t) => {
+                all.ios += t.ios;
+                all.bytes += t.bytes;
+                longest = longest.max(t.read_ns);
+                all.latencies.extend(t.latencies);
+            }
+            Err((true, error)) => {
+                let mut failure = Failure::mismatch(error);
+                failure.json = json;
+                return Err(failure);
+            }
+            Err((false, error)) => return Err(Failure::new(error, json)),
+        }
+    }
+    all.latencies.sort_unstable();
+    let seconds = longest as f64 / 1e9;
+    let out = BenchIoJson {
+        file: args.file.display().to_string(),
+        gpu: args.gpu,
+        pattern: args.pattern.name(),
+        io_size: io,
+        jobs,
+        threads: settings.threads,
+        block_size: settings.task_size,
+        page_cache: settings.page_cache.name(),
+        ios: all.ios,
+        bytes: all.bytes,
+        seconds,
+        gb_per_s: all.bytes as f64 / seconds.max(1e-9) / 1e9,
+        iops: all.ios as f64 / seconds.max(1e-9),
+        p50_us: percentile(&all.latencies, 0.50),
+        p99_us: percentile(&all.latencies, 0.99),
+        verified: true,
+    };
+    if json {
+        print_json(&out);
+    } else {
+        println!(
+            "bench {} on GPU {}: {} I/Os of {} bytes, {} job(s), {} threads, {} B blocks, page cache {}",
+            out.file, out.gpu, out.pattern, out.io_size, out.jobs, out.threads, out.block_size, out.page_cache
+        );
+        println!(
+            "{} I/Os, {} bytes in {:.3} s: {:.2} GB/s, {:.0} IOPS, latency p50 {:.0} us, p99 {:.0} us; every I/O verified",
+            out.ios, out.bytes, out.seconds, out.gb_per_s, out.iops, out.p50_us, out.p99_us
+        );
+    }
+    Ok(())
 }
 
 fn percentile(sorted: &[u64], p: f64) -> f64 {
@@ -452,6 +690,13 @@ pub(crate) fn bench(args: &BenchArgs, json: bool) -> Result<(), Failure> {
     use gdirect::compat::{CudaBackend, Source};
     use indicatif::{ProgressBar, ProgressStyle};
     use std::io::IsTerminal;
+
+    if let Some(io) = args.io_size {
+        if args.method != Method::Gdirect {
+            crate::usage_error("--io-size measures the library's reads: --method gdirect");
+        }
+        return bench_ios(args, io, json);
+    }
 
     let len = read_len(&args.file, 0, args.len).json(json)?;
     let t0 = Instant::now();
@@ -633,7 +878,30 @@ pub(crate) fn bench(args: &BenchArgs, json: bool) -> Result<(), Failure> {
 
 #[cfg(test)]
 mod tests {
-    use super::window_size;
+    use super::{io_offset, window_size, Pattern};
+
+    #[test]
+    fn sequential_jobs_cover_every_slot_and_random_ones_stay_inside() {
+        for (jobs, slots) in [(1u64, 10u64), (3, 10), (4, 4), (5, 3)] {
+            let mut seen = vec![0u32; slots as usize];
+            for j in 0..jobs {
+                for k in 0..slots.div_ceil(jobs) {
+                    seen[io_offset(Pattern::Seq, k, j, jobs, slots, &mut 0) as usize] += 1;
+                }
+            }
+            assert!(
+                seen.iter().all(|&n| n >= 1),
+                "{jobs} jobs, {slots} slots: {seen:?}"
+            );
+        }
+        let mut state = 12345;
+        let mut seen = [false; 7];
+        for k in 0..1000 {
+            let s = io_offset(Pattern::Rand, k, 0, 1, 7, &mut state);
+            seen[s as usize] = true;
+        }
+        assert!(seen.iter().all(|&b| b), "random offsets reach every slot");
+    }
 
     const MIB: u64 = 1 << 20;
 

@@ -160,11 +160,13 @@ enum Command {
         engine: gpu::EngineArgs,
     },
     /// Measure reads of a file into CUDA device memory: GB/s, IOPS and per-I/O latency
-    /// (p50/p99). Every read is verified against a checksum of the file before its time counts.
+    /// (p50/p99). Every read is verified against the file before its time counts.
     ///
-    /// Warm by default (one unmeasured read first); --cold drops the file's pages before each
-    /// read; --first measures one read that includes making the engine, as a fresh process's
-    /// first read does.
+    /// By default each read is the whole file (or --len), warm (one unmeasured read first);
+    /// --cold drops the file's pages before each read; --first measures one read that includes
+    /// making the engine, as a fresh process's first read does. With --io-size, I/Os of that
+    /// size, sequential or random (--pattern), from --jobs threads at once, for --repeat passes'
+    /// worth of bytes or --duration seconds, as gdsio measures.
     ///
     /// Exit status: 0 when every read was verified, 3 when a read's bytes were wrong, 1 on any
     /// other error.
@@ -880,6 +882,36 @@ mod tests {
         assert!(parse(&["bench", "f", "--method", "bogus"]).is_err());
         assert!(parse(&["bench", "f", "--page-cache", "bogus"]).is_err());
         assert!(parse(&["bench", "f", "--page-cache", "mapped"]).is_ok());
+        assert!(parse(&[
+            "bench",
+            "f",
+            "--io-size",
+            "4K",
+            "--pattern",
+            "rand",
+            "--jobs",
+            "4"
+        ])
+        .is_ok());
+        assert!(parse(&["bench", "f", "--io-size", "4K", "--duration", "2.5"]).is_ok());
+        for args in [
+            &["bench", "f", "--pattern", "rand"][..],
+            &["bench", "f", "--duration", "3"],
+            &["bench", "f", "--io-size", "4K", "--first"],
+            &[
+                "bench",
+                "f",
+                "--io-size",
+                "4K",
+                "--duration",
+                "3",
+                "--repeat",
+                "2",
+            ],
+            &["bench", "f", "--io-size", "4K", "--pattern", "backwards"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?}");
+        }
     }
 
     #[test]
