@@ -388,8 +388,8 @@ pub(crate) struct BenchArgs {
     /// once more to compute it.
     #[arg(long, value_parser = parse_hex)]
     pub(crate) reference: Option<u64>,
-    /// Bytes per I/O, a multiple of 4K: each I/O is one read of the library into a buffer of
-    /// this size, its bytes compared with the file's after its time is taken [default: the
+    /// Bytes per I/O, a multiple of 4K: each I/O is one read of the compat engine into a
+    /// buffer of this size, its bytes compared with the file's after its time is taken [default: the
     /// whole --len in one read, verified by checksum]. Independent of --block-size, the
     /// engine's size of the reads it issues.
     #[arg(long, value_parser = crate::parse_size, conflicts_with = "first")]
