@@ -257,8 +257,10 @@ pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
         .alloc_zeros::<u8>(window as usize)
         .map_err(cuda("GPU memory allocation"))
         .json(json)?;
-    // The file goes through the window piece by piece; each piece is verified before the
-    // next overwrites it.
+    // The file goes through the window piece by piece, opened once and into memory
+    // registered once; each piece is verified before the next overwrites it.
+    let file = reader.open(&job.file).json(json)?;
+    let mut buf = reader.register(&mut mem);
     let mut bytes = 0u64;
     let mut eof = false;
     let mut pieces = 0u64;
@@ -270,7 +272,7 @@ pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
         let n = window.min(len - bytes);
         let t0 = Instant::now();
         let r = reader
-            .read(&job.file, &mut mem, 0, job.offset + bytes, n)
+            .read_into(&file, &mut buf, 0, job.offset + bytes, n)
             .json(json)?;
         seconds += t0.elapsed().as_secs_f64();
         pieces += 1;
@@ -286,7 +288,7 @@ pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
         if let Some(reference) = &job.verify {
             let at = job.offset + bytes;
             let want = gdirect::checksum::of_file(reference, at, t.bytes, 16).json(json)?;
-            let got = gdirect::checksum::of_device(&mem, t.bytes, 16).json(json)?;
+            let got = gdirect::checksum::of_device(buf.memory(), t.bytes, 16).json(json)?;
             if want != got {
                 eprintln!(
                     "gdirect: verify: the {} bytes at offset {at} differ from {} (checksums {got:016x} in GPU memory, {want:016x} in the file)",

@@ -9,7 +9,8 @@ use cudarc::driver::CudaSlice;
 use crate::{
     compat::{CompatEngine, CudaBackend, Report, Source},
     io::{CompatReason, Engine},
-    Driver, Errno, Error, File, IoPath, Provider, Reason, Result, Transfer, Transport,
+    DeviceMemory, Driver, Errno, Error, File, IoPath, Provider, Reason, RegisterOptions,
+    Registration, Result, Transfer, Transport,
 };
 
 /// What [`GpuReader::read`] did: the transfer, and the compat engine's report when it ran.
@@ -21,16 +22,23 @@ pub struct GpuRead {
     pub compat: Option<Report>,
 }
 
-/// Reads files into GPU memory allocated with cudarc.
+/// Reads files into GPU memory allocated with cudarc: through the module where it serves, the
+/// compat engine everywhere else. Open a file once and register memory once, then read as
+/// often as needed (this is the README's example, which a test keeps equal to it):
 ///
 /// ```no_run
 /// use gdirect::{compat::{CompatEngine, CudaBackend}, gpu::GpuReader};
 /// let backend = CudaBackend::new(0)?;
 /// let ctx = backend.context().clone();
-/// let reader = GpuReader::new(CompatEngine::builder().build(backend)?);
-/// let mut buf = ctx.default_stream().alloc_zeros::<u8>(1 << 20).expect("GPU memory");
-/// let r = reader.read("data.bin", &mut buf, 0, 0, 1 << 20)?;
-/// println!("{} bytes by {} ({})", r.transfer.bytes, r.transfer.engine, r.transfer.engine.explain());
+/// let reader = GpuReader::from_env(CompatEngine::builder().build(backend)?)?;
+/// let mut mem = ctx.default_stream().alloc_zeros::<u8>(64 << 20).expect("GPU memory");
+/// let file = reader.open("weights.bin")?; // opened once
+/// let mut buf = reader.register(&mut mem); // registered once
+/// for offset in [0, 64 << 20] {
+///     let r = reader.read_into(&file, &mut buf, 0, offset, 64 << 20)?;
+///     let t = r.transfer;
+///     println!("{} bytes by {} ({})", t.bytes, t.engine, t.engine.explain());
+/// }
 /// # Ok::<(), gdirect::Error>(())
 /// ```
 pub struct GpuReader {
@@ -155,6 +163,10 @@ impl GpuReader {
 
     /// Reads `len` bytes of the file at `path`, from `file_offset`, into `memory` at
     /// `mem_offset`. A read past the end of the file is short and says so.
+    ///
+    /// This opens the file and registers the memory for this one read; to read a file or
+    /// into memory many times, open it once ([`GpuReader::open`]) and register the memory once
+    /// ([`GpuReader::register`]).
     pub fn read(
         &self,
         path: impl AsRef<Path>,
@@ -163,27 +175,143 @@ impl GpuReader {
         file_offset: u64,
         len: u64,
     ) -> Result<GpuRead> {
+        let file = self.open(path)?;
+        let mut buf = self.register(memory);
+        self.read_into(&file, &mut buf, mem_offset, file_offset, len)
+    }
+
+    /// Opens `path` once for any number of reads ([`GpuReader::read_into`]): the compat
+    /// engine's view of it and, where the module may serve, an `O_DIRECT` descriptor.
+    pub fn open(&self, path: impl AsRef<Path>) -> Result<GpuFile> {
         let path = path.as_ref();
-        let why = match &self.module {
-            Ok(driver) => match read_module(driver, path, memory, mem_offset, file_offset, len)? {
+        let src = Source::open(path)?;
+        // A file system without O_DIRECT (tmpfs) has no direct transfers to offer: such a
+        // file is read by the compat engine, and the transfer says why.
+        let direct = match &self.module {
+            Ok(_) => File::open_direct(path).ok(),
+            Err(_) => None,
+        };
+        Ok(GpuFile { src, direct })
+    }
+
+    /// Registers `memory` with the module once, for any number of reads into it
+    /// ([`GpuReader::read_into`]): no pin and unpin per read. Where the module cannot
+    /// register it (not loaded, compat mode on, memory it refuses) reads into it go through
+    /// the compat engine, and each transfer says why. The buffer holds `memory` mutably for
+    /// its life, so the allocation cannot be freed or touched meanwhile.
+    pub fn register<'a>(&'a self, memory: &'a mut CudaSlice<u8>) -> GpuBuffer<'a> {
+        let reg = match &self.module {
+            Err(why) => Err(*why),
+            Ok(driver) => {
+                let (provider, addr, len) = (
+                    memory.provider(),
+                    memory.device_address(),
+                    DeviceMemory::len(&*memory),
+                );
+                // SAFETY: the range is the CUDA allocation `memory` owns (its `DeviceMemory`
+                // says so), and the `GpuBuffer` holds `memory` by `&mut` for the registration's
+                // whole life: it stays allocated, and nothing else can reach it meanwhile. No
+                // Rust reference ever points into device memory.
+                match unsafe { driver.register_range(provider, addr, len, RegisterOptions::new()) }
+                {
+                    Ok(reg) => Ok(reg),
+                    Err(Error::Misaligned { .. }) => Err(CompatReason::Unaligned),
+                    Err(e) => Err(CompatReason::Refused(e.errno().unwrap_or(Errno::EIO))),
+                }
+            }
+        };
+        GpuBuffer { memory, reg }
+    }
+
+    /// Reads `len` bytes of `file` from `file_offset` into `buf` at `mem_offset`: through the
+    /// module where the file and the memory allow it, the compat engine otherwise (as the mode
+    /// permits). A read past the end of the file is short and says so.
+    pub fn read_into(
+        &self,
+        file: &GpuFile,
+        buf: &mut GpuBuffer<'_>,
+        mem_offset: u64,
+        file_offset: u64,
+        len: u64,
+    ) -> Result<GpuRead> {
+        let why = match (&buf.reg, &file.direct) {
+            (Ok(reg), Some(direct)) => match direct.read_into(reg, mem_offset, file_offset, len) {
                 Ok(transfer) => {
                     return Ok(GpuRead {
                         transfer,
                         compat: None,
                     })
                 }
-                Err(Fallback(why)) => self.mode.allow(why)?,
+                Err(Error::IoMisaligned { .. } | Error::NotBlockBacked { .. }) => {
+                    self.mode.allow(CompatReason::Unaligned)?
+                }
+                Err(e) => return Err(e),
             },
-            Err(why) => self.mode.allow(*why)?,
+            // The module serves but the file has no direct I/O.
+            (Ok(_), None) => self.mode.allow(CompatReason::Unaligned)?,
+            (Err(why), _) => self.mode.allow(*why)?,
         };
-        let src = Source::open(path)?;
         let report = self
             .engine
-            .read(&src, memory, mem_offset, file_offset, len)?;
+            .read(&file.src, buf.memory, mem_offset, file_offset, len)?;
         Ok(GpuRead {
             transfer: compat_transfer(&report, why),
             compat: Some(report),
         })
+    }
+}
+
+/// A file opened once by [`GpuReader::open`] for any number of reads.
+#[derive(Debug)]
+pub struct GpuFile {
+    src: Source,
+    direct: Option<File>,
+}
+
+impl GpuFile {
+    /// The path it was opened from.
+    pub fn path(&self) -> &Path {
+        self.src.path()
+    }
+
+    /// Whether the module can read it directly (it is open with `O_DIRECT`).
+    pub fn direct(&self) -> bool {
+        self.direct.is_some()
+    }
+}
+
+/// GPU memory registered once by [`GpuReader::register`]; unregistered when dropped.
+#[derive(Debug)]
+pub struct GpuBuffer<'a> {
+    memory: &'a mut CudaSlice<u8>,
+    reg: std::result::Result<Registration<'a>, CompatReason>,
+}
+
+impl GpuBuffer<'_> {
+    /// Whether the module registered the memory; `Err` says why reads into it go through
+    /// the compat engine.
+    pub fn registered(&self) -> std::result::Result<(), CompatReason> {
+        self.reg.as_ref().map(|_| ()).map_err(|why| *why)
+    }
+
+    /// The memory, for CUDA work between reads (copies, kernels that read it).
+    pub fn memory(&self) -> &CudaSlice<u8> {
+        self.memory
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> u64 {
+        self.memory.num_bytes() as u64
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    #[cfg(test)]
+    fn memory_for_test(&mut self) -> &mut CudaSlice<u8> {
+        self.memory
     }
 }
 
@@ -198,40 +326,6 @@ pub(crate) fn compat_transfer(r: &Report, why: CompatReason) -> Transfer {
         transport: Transport::Unknown,
         eof: r.eof,
         bounce_bytes: r.bytes,
-    }
-}
-
-/// Why the module could not serve a read that the compat engine can.
-struct Fallback(CompatReason);
-
-/// The module's read; `Ok(Err(_))` when the compat engine should serve it instead (the memory
-/// or the range does not suit direct transfers), `Err` for a failure of the read itself.
-fn read_module(
-    driver: &Driver,
-    path: &Path,
-    memory: &mut CudaSlice<u8>,
-    mem_offset: u64,
-    file_offset: u64,
-    len: u64,
-) -> Result<std::result::Result<Transfer, Fallback>> {
-    // A file system without O_DIRECT (tmpfs) has no direct transfers to offer.
-    let Ok(file) = File::open_direct(path) else {
-        return Ok(Err(Fallback(CompatReason::Unaligned)));
-    };
-    let reg = match driver.register(&*memory) {
-        Ok(reg) => reg,
-        Err(Error::Misaligned { .. }) => return Ok(Err(Fallback(CompatReason::Unaligned))),
-        Err(e) => {
-            let errno = e.errno().unwrap_or(Errno::EIO);
-            return Ok(Err(Fallback(CompatReason::Refused(errno))));
-        }
-    };
-    match file.read_into(&reg, mem_offset, file_offset, len) {
-        Ok(t) => Ok(Ok(t)),
-        Err(Error::IoMisaligned { .. } | Error::NotBlockBacked { .. }) => {
-            Ok(Err(Fallback(CompatReason::Unaligned)))
-        }
-        Err(e) => Err(e),
     }
 }
 
@@ -265,6 +359,121 @@ mod tests {
         for r in [CompatReason::NoAccess, CompatReason::Incompatible] {
             assert!(!Engine::Compat(r).explain().contains("not loaded"), "{r:?}");
         }
+    }
+
+    /// Open once, register once, many reads: every range exact, short at the end of the file,
+    /// and each transfer saying which engine served it and why (the GPU machines we have run
+    /// no module, so the compat engine; a node with the module registers the buffer). Run on a
+    /// GPU machine: `cargo test -p gdirect --features cuda -- --ignored handles`.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn handles_read_many_ranges_from_one_open_and_one_registration() {
+        use cudarc::driver::CudaContext;
+        let path = std::env::temp_dir().join(format!("gdirect-handles-{}", std::process::id()));
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let data: Vec<u8> = (0..(8 << 20) / 8)
+            .flat_map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state.to_le_bytes()
+            })
+            .collect();
+        std::fs::write(&path, &data).expect("test file");
+        let ctx = CudaContext::new(0).expect("CUDA context");
+        let stream = ctx.default_stream();
+        let mut mem = stream.alloc_zeros::<u8>(4 << 20).expect("GPU memory");
+        let engine = CompatEngine::builder()
+            .threads(4)
+            .build(CudaBackend::from_context(ctx.clone()))
+            .expect("engine");
+        let reader = GpuReader::new(engine);
+        let file = reader.open(&path).expect("open");
+        assert_eq!(file.path(), path);
+        let mut buf = reader.register(&mut mem);
+        assert_eq!(buf.len(), 4 << 20);
+        match reader.compat_reason() {
+            Some(why) => assert_eq!(buf.registered(), Err(why)),
+            None => assert_eq!(buf.registered(), Ok(())),
+        }
+        let mib = 1u64 << 20;
+        // (memory offset, file offset, length, bytes expected)
+        for (mo, fo, len, want) in [
+            (0, 0, 4 * mib, 4 * mib),
+            (4096, mib, mib, mib),
+            (mib, 7 * mib + 4096, 2 * mib, mib - 4096),
+            (2 * mib, 3 * mib + 12288, 65536, 65536),
+            (0, 8 * mib, mib, 0),
+        ] {
+            stream
+                .memset_zeros(&mut *buf.memory_for_test())
+                .expect("clear");
+            let r = reader
+                .read_into(&file, &mut buf, mo, fo, len)
+                .expect("read");
+            assert_eq!(r.transfer.bytes, want, "{len} bytes at {fo}");
+            assert_eq!(r.transfer.eof, want < len);
+            assert_eq!(
+                r.transfer.engine.name(),
+                if r.compat.is_some() {
+                    "compat"
+                } else {
+                    "module"
+                }
+            );
+            let back = stream.clone_dtoh(buf.memory()).expect("copy back");
+            let (mo, fo, want) = (mo as usize, fo as usize, want as usize);
+            assert!(
+                back[mo..mo + want] == data[fo..fo + want],
+                "{len} bytes at {fo}"
+            );
+            assert!(
+                back[..mo].iter().chain(&back[mo + want..]).all(|&b| b == 0),
+                "wrote outside the range"
+            );
+        }
+        let r = reader.read_into(&file, &mut buf, 4 * mib - 4096, 0, 8192);
+        assert!(
+            matches!(
+                r,
+                Err(Error::OutOfMemoryRange { .. } | Error::OutOfRegistration { .. })
+            ),
+            "{r:?}"
+        );
+        drop(buf);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// The README shows the example of [`GpuReader`]'s documentation, which compiles as a
+    /// doctest: the two stay the same code.
+    #[test]
+    fn the_readme_example_is_the_doctest() {
+        let readme = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+        let Ok(readme) = std::fs::read_to_string(readme) else {
+            return; // a packaged crate has no README of the repository
+        };
+        let src = include_str!("gpu.rs");
+        let doc: String = src
+            .lines()
+            .skip_while(|l| *l != "/// ```no_run")
+            .skip(1)
+            .take_while(|l| *l != "/// ```")
+            .filter(|l| !l.starts_with("/// #"))
+            .map(|l| {
+                format!(
+                    "{}\n",
+                    l.trim_start_matches("///").strip_prefix(' ').unwrap_or("")
+                )
+            })
+            .collect();
+        assert!(
+            doc.contains("reader.register"),
+            "the doc example was not found"
+        );
+        assert!(
+            readme.contains(&format!("```rust\n{doc}```")),
+            "README's GpuReader example differs from the doctest:\n{doc}"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::{
     fmt,
     fs::OpenOptions,
     os::{
-        fd::{AsFd, AsRawFd, BorrowedFd},
+        fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
         unix::fs::OpenOptionsExt,
     },
     path::{Path, PathBuf},
@@ -520,6 +520,30 @@ impl AsFd for File {
     }
 }
 
+impl From<OwnedFd> for File {
+    /// A descriptor opened elsewhere (by another library, or passed over a socket), kept
+    /// open for transfers. It must be open with `O_DIRECT` (and for writing, to be written):
+    /// the module checks at each transfer and refuses one that is not with
+    /// [`Error::NotDirect`] ([`Error::BadFile`] for the direction). Errors name the file by
+    /// the path `/proc/self/fd` gives, or `fd N` where there is none.
+    fn from(fd: OwnedFd) -> Self {
+        let raw = fd.as_raw_fd();
+        let path = std::fs::read_link(format!("/proc/self/fd/{raw}"))
+            .unwrap_or_else(|_| PathBuf::from(format!("fd {raw}")));
+        Self {
+            file: std::fs::File::from(fd),
+            path,
+        }
+    }
+}
+
+impl From<File> for OwnedFd {
+    /// The descriptor back, still open.
+    fn from(file: File) -> Self {
+        file.file.into()
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Direction {
     Read,
@@ -915,6 +939,25 @@ impl Stats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_comes_from_a_descriptor_opened_elsewhere_and_goes_back() {
+        let path = std::env::temp_dir().join(format!("gdirect-fd-{}", std::process::id()));
+        std::fs::write(&path, b"x").expect("temp file");
+        let opened = std::fs::File::open(&path).expect("open");
+        let raw = opened.as_raw_fd();
+        let file = File::from(OwnedFd::from(opened));
+        assert_eq!(file.path(), path.canonicalize().expect("canonical path"));
+        assert_eq!(
+            file.as_fd().as_raw_fd(),
+            raw,
+            "the same descriptor, not a copy"
+        );
+        let back = OwnedFd::from(file);
+        assert_eq!(back.as_raw_fd(), raw, "still open, still the same");
+        drop(back);
+        let _ = std::fs::remove_file(&path);
+    }
 
     #[test]
     fn abi_values_round_trip_and_unknown_ones_are_kept() {
