@@ -89,3 +89,24 @@ pub mod raw {
         GDIRECT_IOC_WRITE, GDIRECT_OP_READ, GDIRECT_REAP_WAIT, GDIRECT_REGISTER_PERSISTENT,
     };
 }
+
+#[cfg(test)]
+mod shareable {
+    /// Compiles only for types that threads can share (behind an `Arc`) and send.
+    fn shareable<T: Send + Sync>() {}
+
+    #[test]
+    fn the_handles_can_be_shared_between_threads() {
+        shareable::<crate::Driver>();
+        shareable::<crate::File>();
+        shareable::<crate::Registration<'static>>();
+        shareable::<crate::compat::CompatEngine<crate::compat::HostBackend>>();
+        shareable::<crate::compat::Source>();
+        #[cfg(feature = "cuda")]
+        {
+            shareable::<crate::compat::CompatEngine<crate::compat::CudaBackend>>();
+            shareable::<crate::gpu::GpuReader>();
+            shareable::<crate::gpu::GpuFile>();
+        }
+    }
+}
