@@ -204,8 +204,10 @@ fn window_size(len: u64, asked: Option<u64>, free: u64) -> u64 {
 
 /// The bytes to read: `len`, or to the end of the file.
 fn read_len(file: &std::path::Path, offset: u64, len: Option<u64>) -> gdirect::Result<u64> {
-    let src = gdirect::compat::Source::open(file)?;
-    Ok(len.unwrap_or(src.len().saturating_sub(offset)))
+    match len {
+        Some(len) => Ok(len),
+        None => Ok(crate::file_size(file)?.saturating_sub(offset)),
+    }
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -2,7 +2,10 @@
 //! Reading files into CUDA memory: through the module where it can, the compat engine
 //! everywhere else, and the [`Transfer`] says which and why.
 
-use std::path::Path;
+use std::{
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
 
 use cudarc::driver::CudaSlice;
 
@@ -180,18 +183,24 @@ impl GpuReader {
         self.read_into(&file, &mut buf, mem_offset, file_offset, len)
     }
 
-    /// Opens `path` once for any number of reads ([`GpuReader::read_into`]): the compat
-    /// engine's view of it and, where the module may serve, an `O_DIRECT` descriptor.
+    /// Opens `path` once for any number of reads ([`GpuReader::read_into`]): where the module
+    /// may serve, an `O_DIRECT` descriptor for it; the compat engine's view of the file (its
+    /// descriptors and mapping) when it is first needed, so that a file the module reads costs
+    /// one open. Errors opening the file are reported here either way.
     pub fn open(&self, path: impl AsRef<Path>) -> Result<GpuFile> {
-        let path = path.as_ref();
-        let src = Source::open(path)?;
+        let path = path.as_ref().to_path_buf();
         // A file system without O_DIRECT (tmpfs) has no direct transfers to offer: such a
         // file is read by the compat engine, and the transfer says why.
         let direct = match &self.module {
-            Ok(_) => File::open_direct(path).ok(),
+            Ok(_) => File::open_direct(&path).ok(),
             Err(_) => None,
         };
-        Ok(GpuFile { src, direct })
+        let src = OnceLock::new();
+        if direct.is_none() {
+            // The compat engine reads it: open its view now (and report a missing file).
+            let _ = src.set(Source::open(&path)?);
+        }
+        Ok(GpuFile { path, src, direct })
     }
 
     /// Registers `memory` with the module once, for any number of reads into it
@@ -253,7 +262,7 @@ impl GpuReader {
         };
         let report = self
             .engine
-            .read(&file.src, buf.memory, mem_offset, file_offset, len)?;
+            .read(file.source()?, buf.memory, mem_offset, file_offset, len)?;
         Ok(GpuRead {
             transfer: compat_transfer(&report, why),
             compat: Some(report),
@@ -264,14 +273,26 @@ impl GpuReader {
 /// A file opened once by [`GpuReader::open`] for any number of reads.
 #[derive(Debug)]
 pub struct GpuFile {
-    src: Source,
+    path: PathBuf,
+    /// The compat engine's view, opened when first needed.
+    src: OnceLock<Source>,
     direct: Option<File>,
 }
 
 impl GpuFile {
     /// The path it was opened from.
     pub fn path(&self) -> &Path {
-        self.src.path()
+        &self.path
+    }
+
+    /// The compat engine's view of the file, opened on first use.
+    fn source(&self) -> Result<&Source> {
+        if let Some(src) = self.src.get() {
+            return Ok(src);
+        }
+        let src = Source::open(&self.path)?;
+        // Two threads may both open it; one view is kept, the other closed.
+        Ok(self.src.get_or_init(|| src))
     }
 
     /// Whether the module can read it directly (it is open with `O_DIRECT`).
@@ -388,6 +409,11 @@ mod tests {
             .build(CudaBackend::from_context(ctx.clone()))
             .expect("engine");
         let reader = GpuReader::new(engine);
+        let missing = reader.open(path.with_extension("missing"));
+        assert!(
+            matches!(missing, Err(Error::OpenFile { .. })),
+            "{missing:?}"
+        );
         let file = reader.open(&path).expect("open");
         assert_eq!(file.path(), path);
         let mut buf = reader.register(&mut mem);
