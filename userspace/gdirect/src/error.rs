@@ -353,6 +353,15 @@ pub enum Error {
         reason: crate::CompatReason,
     },
 
+    /// GPU memory of one CUDA device was given to a reader of another.
+    #[error("the memory is on CUDA device {memory} but the reader's engine copies to device {engine}: make the reader with a backend of device {memory}")]
+    WrongDevice {
+        /// The memory's device.
+        memory: usize,
+        /// The device of the reader's engine.
+        engine: usize,
+    },
+
     /// A worker thread of the compat engine died.
     #[error("{what}")]
     Worker {
@@ -410,6 +419,7 @@ impl Error {
             Self::BadSetting { .. } => ErrorKind::BadSetting,
             Self::Cuda { .. } => ErrorKind::Cuda,
             Self::Worker { .. } => ErrorKind::Worker,
+            Self::WrongDevice { .. } => ErrorKind::WrongDevice,
             Self::CompatModeOff { .. } => ErrorKind::CompatModeOff,
             Self::Ioctl { .. } => ErrorKind::Ioctl,
         }
@@ -440,6 +450,7 @@ impl Error {
             Self::BadSetting { .. } => Some(Errno::EINVAL),
             Self::Cuda { .. } | Self::Worker { .. } => None,
             Self::CompatModeOff { .. } => Some(Errno::EOPNOTSUPP),
+            Self::WrongDevice { .. } => Some(Errno::EXDEV),
             Self::NotDirect { .. } => Some(Errno::EBADFD),
             Self::BadFile { .. } => Some(Errno::EBADF),
             Self::IoMisaligned { .. } => Some(Errno::ERANGE),
@@ -575,6 +586,8 @@ pub enum ErrorKind {
     Cuda,
     /// A worker thread of the compat engine died ([`Error::Worker`]).
     Worker,
+    /// GPU memory of another device than the reader's ([`Error::WrongDevice`]).
+    WrongDevice,
     /// The module cannot serve a read and compat mode is off ([`Error::CompatModeOff`]).
     CompatModeOff,
     /// An ioctl failed ([`Error::Ioctl`]).
@@ -618,6 +631,7 @@ impl ErrorKind {
             Self::BadSetting => "bad_setting",
             Self::Cuda => "cuda",
             Self::Worker => "worker",
+            Self::WrongDevice => "wrong_device",
             Self::CompatModeOff => "compat_mode_off",
             Self::Ioctl => "ioctl",
         }

@@ -4,16 +4,18 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::OnceLock,
+    pin::Pin,
+    sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock},
+    task::{Context, Poll, Waker},
 };
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice};
 
 use crate::{
-    compat::{CompatEngine, CudaBackend, Report, Source},
+    compat::{Backend, CompatEngine, CudaBackend, DeviceAllocation, Report, Segment, Source},
     io::{CompatReason, Engine},
-    DeviceMemory, Driver, Errno, Error, File, IoPath, Provider, Reason, RegisterOptions,
-    Registration, Result, Transfer, Transport,
+    Driver, Errno, Error, File, IoPath, Provider, Reason, RegisterOptions, Registration, Result,
+    Transfer, Transport,
 };
 
 /// What [`GpuReader::read`] did: the transfer, and the compat engine's report when it ran.
@@ -165,15 +167,15 @@ impl GpuReader {
     }
 
     /// Reads `len` bytes of the file at `path`, from `file_offset`, into `memory` at
-    /// `mem_offset`. A read past the end of the file is short and says so.
+    /// `mem_offset` (in bytes). A read past the end of the file is short and says so.
     ///
     /// This opens the file and registers the memory for this one read; to read a file or
     /// into memory many times, open it once ([`GpuReader::open`]) and register the memory once
     /// ([`GpuReader::register`]).
-    pub fn read(
+    pub fn read<M: GpuMemory + ?Sized>(
         &self,
         path: impl AsRef<Path>,
-        memory: &mut CudaSlice<u8>,
+        memory: &mut M,
         mem_offset: u64,
         file_offset: u64,
         len: u64,
@@ -208,21 +210,23 @@ impl GpuReader {
     /// register it (not loaded, compat mode on, memory it refuses) reads into it go through
     /// the compat engine, and each transfer says why. The buffer holds `memory` mutably for
     /// its life, so the allocation cannot be freed or touched meanwhile.
-    pub fn register<'a>(&'a self, memory: &'a mut CudaSlice<u8>) -> GpuBuffer<'a> {
+    ///
+    /// `memory` is a cudarc slice or mutable view of plain numbers (`CudaSlice<f32>`,
+    /// `CudaViewMut<u8>`, ...: see [`Plain`]), or device memory another library allocated
+    /// ([`RawGpuMemory`]).
+    pub fn register<'a, M: GpuMemory + ?Sized>(&'a self, memory: &'a mut M) -> GpuBuffer<'a, M> {
         let reg = match &self.module {
             Err(why) => Err(*why),
             Ok(driver) => {
-                let (provider, addr, len) = (
-                    memory.provider(),
-                    memory.device_address(),
-                    DeviceMemory::len(&*memory),
-                );
-                // SAFETY: the range is the CUDA allocation `memory` owns (its `DeviceMemory`
-                // says so), and the `GpuBuffer` holds `memory` by `&mut` for the registration's
-                // whole life: it stays allocated, and nothing else can reach it meanwhile. No
-                // Rust reference ever points into device memory.
-                match unsafe { driver.register_range(provider, addr, len, RegisterOptions::new()) }
-                {
+                let (addr, len) = (memory.address(), memory.bytes());
+                // SAFETY: the range is the CUDA memory `memory` stands for (a cudarc allocation
+                // or a view of one, or a `RawGpuMemory` whose maker vouched for it), and the
+                // `GpuBuffer` holds `memory` by `&mut` for the registration's whole life: it
+                // stays allocated, and no safe code can reach it meanwhile. No Rust reference
+                // ever points into device memory.
+                match unsafe {
+                    driver.register_range(Provider::Nvidia, addr, len, RegisterOptions::new())
+                } {
                     Ok(reg) => Ok(reg),
                     Err(Error::Misaligned { .. }) => Err(CompatReason::Unaligned),
                     Err(e) => Err(CompatReason::Refused(e.errno().unwrap_or(Errno::EIO))),
@@ -232,41 +236,249 @@ impl GpuReader {
         GpuBuffer { memory, reg }
     }
 
-    /// Reads `len` bytes of `file` from `file_offset` into `buf` at `mem_offset`: through the
-    /// module where the file and the memory allow it, the compat engine otherwise (as the mode
-    /// permits). A read past the end of the file is short and says so.
-    pub fn read_into(
+    /// Reads `len` bytes of `file` from `file_offset` into `buf` at byte `mem_offset`: through
+    /// the module where the file and the memory allow it, the compat engine otherwise (as the
+    /// mode permits). Work queued on the memory before the call (a kernel still reading it)
+    /// finishes first. A read past the end of the file is short and says so.
+    pub fn read_into<M: GpuMemory + ?Sized>(
         &self,
         file: &GpuFile,
-        buf: &mut GpuBuffer<'_>,
+        buf: &mut GpuBuffer<'_, M>,
         mem_offset: u64,
         file_offset: u64,
         len: u64,
     ) -> Result<GpuRead> {
-        let why = match (&buf.reg, &file.direct) {
-            (Ok(reg), Some(direct)) => match direct.read_into(reg, mem_offset, file_offset, len) {
-                Ok(transfer) => {
-                    return Ok(GpuRead {
-                        transfer,
-                        compat: None,
-                    })
-                }
-                Err(Error::IoMisaligned { .. } | Error::NotBlockBacked { .. }) => {
-                    self.mode.allow(CompatReason::Unaligned)?
-                }
-                Err(e) => return Err(e),
-            },
-            // The module serves but the file has no direct I/O.
-            (Ok(_), None) => self.mode.allow(CompatReason::Unaligned)?,
-            (Err(why), _) => self.mode.allow(*why)?,
+        let seg = GpuSegment {
+            file,
+            file_offset,
+            len,
+            mem_offset,
         };
-        let report = self
-            .engine
-            .read(file.source()?, buf.memory, mem_offset, file_offset, len)?;
+        let mut v = self.read_vectored_into(buf, &[seg])?;
         Ok(GpuRead {
-            transfer: compat_transfer(&report, why),
-            compat: Some(report),
+            transfer: v.transfers.remove(0),
+            compat: v.compat,
         })
+    }
+
+    /// Reads every segment (ranges of one file or of several: a checkpoint's tensors or
+    /// shards) into `buf`, each at its own byte offset, in one call: segments the module can
+    /// serve go through it, the others through the compat engine in one read whose workers
+    /// take all their pieces in turn. Each segment's transfer says which engine served it and
+    /// why. Segments may not overlap in the memory; every one must lie inside it (checked
+    /// before any byte moves).
+    pub fn read_vectored_into<M: GpuMemory + ?Sized>(
+        &self,
+        buf: &mut GpuBuffer<'_, M>,
+        segments: &[GpuSegment<'_>],
+    ) -> Result<GpuReadVectored> {
+        let size = buf.len();
+        for s in segments {
+            if s.mem_offset.checked_add(s.len).is_none_or(|end| end > size) {
+                return Err(Error::OutOfMemoryRange {
+                    offset: s.mem_offset,
+                    len: s.len,
+                    size,
+                });
+            }
+        }
+        crate::compat::disjoint(segments.iter().map(|s| (s.mem_offset, s.len)))?;
+        let backend = self.engine.backend();
+        let _entered = backend.enter_thread()?;
+        buf.memory.settle(backend)?;
+        let mut transfers: Vec<Option<Transfer>> = vec![None; segments.len()];
+        // The segments for the compat engine, with why the module does not serve each.
+        let mut compat = Vec::new();
+        for (i, s) in segments.iter().enumerate() {
+            let why = match (&buf.reg, &s.file.direct) {
+                (Ok(reg), Some(direct)) => {
+                    match direct.read_into(reg, s.mem_offset, s.file_offset, s.len) {
+                        Ok(t) => {
+                            transfers[i] = Some(t);
+                            continue;
+                        }
+                        Err(Error::IoMisaligned { .. } | Error::NotBlockBacked { .. }) => {
+                            self.mode.allow(CompatReason::Unaligned)?
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                // The module serves but the file has no direct I/O.
+                (Ok(_), None) => self.mode.allow(CompatReason::Unaligned)?,
+                (Err(why), _) => self.mode.allow(*why)?,
+            };
+            compat.push((i, why));
+        }
+        let mut report = None;
+        if !compat.is_empty() {
+            let segs = compat
+                .iter()
+                .map(|&(i, _)| {
+                    let s = &segments[i];
+                    Ok(Segment {
+                        src: s.file.source()?,
+                        file_offset: s.file_offset,
+                        len: s.len,
+                        mem_offset: s.mem_offset,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let ptrs = vec![(buf.memory.address(), size); segs.len()];
+            // SAFETY: `buf` holds the memory by `&mut` (a cudarc allocation or view, or a
+            // `RawGpuMemory` whose maker vouched for it) for the whole call, so it stays
+            // allocated and nothing else reaches it; the work queued on it has finished
+            // (`settle`); the segments lie inside it and do not overlap (checked above).
+            let (r, got) = unsafe { self.engine.read_device_ptrs_settled(&segs, &ptrs) }?;
+            for (&(i, why), got) in compat.iter().zip(got) {
+                transfers[i] = Some(compat_transfer(got.bytes, got.eof, why));
+            }
+            report = Some(r);
+        }
+        Ok(GpuReadVectored {
+            transfers: transfers.into_iter().flatten().collect(),
+            compat: report,
+        })
+    }
+
+    /// Starts reading `len` bytes of `file` from `file_offset` into `memory` at byte
+    /// `mem_offset`, and returns at once: the read runs on a thread of its own (several run
+    /// at once, sharing the engine's workers) and gives the memory back with its result, from
+    /// [`PendingRead::wait`] or as a [`std::future::Future`]. The memory is registered with
+    /// the module for this one read.
+    pub fn read_async<M: GpuMemory + Send + 'static>(
+        self: &Arc<Self>,
+        file: Arc<GpuFile>,
+        mut memory: M,
+        mem_offset: u64,
+        file_offset: u64,
+        len: u64,
+    ) -> Result<PendingRead<M>> {
+        let shared = Arc::new(Shared {
+            slot: Mutex::new(Slot {
+                done: None,
+                waker: None,
+            }),
+            ready: Condvar::new(),
+        });
+        let (reader, theirs) = (self.clone(), shared.clone());
+        std::thread::Builder::new()
+            .name("gdirect-async".into())
+            .spawn(move || {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let mut buf = reader.register(&mut memory);
+                    reader.read_into(&file, &mut buf, mem_offset, file_offset, len)
+                }))
+                .unwrap_or(Err(Error::Worker {
+                    what: "an asynchronous read panicked",
+                }));
+                let mut slot = lock(&theirs.slot);
+                slot.done = Some((memory, r));
+                if let Some(w) = slot.waker.take() {
+                    w.wake();
+                }
+                theirs.ready.notify_all();
+            })
+            .map_err(|_| Error::Worker {
+                what: "the thread of an asynchronous read could not be started",
+            })?;
+        Ok(PendingRead { shared })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update of the slot is one store: a panic cannot leave it half made.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One range of a file to read into a buffer, for [`GpuReader::read_vectored_into`].
+#[derive(Clone, Copy, Debug)]
+pub struct GpuSegment<'f> {
+    /// The file.
+    pub file: &'f GpuFile,
+    /// Where in the file.
+    pub file_offset: u64,
+    /// How many bytes.
+    pub len: u64,
+    /// Where in the memory, in bytes.
+    pub mem_offset: u64,
+}
+
+/// What [`GpuReader::read_vectored_into`] did.
+#[derive(Clone, Debug)]
+pub struct GpuReadVectored {
+    /// Each segment's transfer, in the segments' order (fewer bytes than asked only at the
+    /// end of its file; its `engine` says which engine and why).
+    pub transfers: Vec<Transfer>,
+    /// The compat engine's report for the segments it read, when it read any.
+    pub compat: Option<Report>,
+}
+
+impl GpuReadVectored {
+    /// The bytes of every segment.
+    pub fn bytes(&self) -> u64 {
+        self.transfers.iter().map(|t| t.bytes).sum()
+    }
+}
+
+/// A read started by [`GpuReader::read_async`]: wait for it ([`PendingRead::wait`]) or await
+/// it; either gives the memory back with the read's result. Dropping it does not stop the
+/// read: the memory is freed when the read ends.
+pub struct PendingRead<M> {
+    shared: Arc<Shared<M>>,
+}
+
+struct Shared<M> {
+    slot: Mutex<Slot<M>>,
+    ready: Condvar,
+}
+
+struct Slot<M> {
+    done: Option<(M, Result<GpuRead>)>,
+    waker: Option<Waker>,
+}
+
+impl<M> PendingRead<M> {
+    /// Whether the read has ended (so [`PendingRead::wait`] will not block).
+    pub fn is_done(&self) -> bool {
+        lock(&self.shared.slot).done.is_some()
+    }
+
+    /// Waits for the read to end: the memory, and what the read did.
+    pub fn wait(self) -> (M, Result<GpuRead>) {
+        let mut slot = lock(&self.shared.slot);
+        loop {
+            if let Some(done) = slot.done.take() {
+                return done;
+            }
+            slot = self
+                .shared
+                .ready
+                .wait(slot)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl<M> std::future::Future for PendingRead<M> {
+    type Output = (M, Result<GpuRead>);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut slot = lock(&self.shared.slot);
+        match slot.done.take() {
+            Some(done) => Poll::Ready(done),
+            None => {
+                slot.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<M> std::fmt::Debug for PendingRead<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingRead")
+            .field("done", &self.is_done())
+            .finish()
     }
 }
 
@@ -303,12 +515,12 @@ impl GpuFile {
 
 /// GPU memory registered once by [`GpuReader::register`]; unregistered when dropped.
 #[derive(Debug)]
-pub struct GpuBuffer<'a> {
-    memory: &'a mut CudaSlice<u8>,
+pub struct GpuBuffer<'a, M: GpuMemory + ?Sized = CudaSlice<u8>> {
+    memory: &'a mut M,
     reg: std::result::Result<Registration<'a>, CompatReason>,
 }
 
-impl GpuBuffer<'_> {
+impl<M: GpuMemory + ?Sized> GpuBuffer<'_, M> {
     /// Whether the module registered the memory; `Err` says why reads into it go through
     /// the compat engine.
     pub fn registered(&self) -> std::result::Result<(), CompatReason> {
@@ -316,13 +528,13 @@ impl GpuBuffer<'_> {
     }
 
     /// The memory, for CUDA work between reads (copies, kernels that read it).
-    pub fn memory(&self) -> &CudaSlice<u8> {
+    pub fn memory(&self) -> &M {
         self.memory
     }
 
     /// Its size in bytes.
     pub fn len(&self) -> u64 {
-        self.memory.num_bytes() as u64
+        self.memory.bytes()
     }
 
     /// Whether it has no bytes.
@@ -331,22 +543,188 @@ impl GpuBuffer<'_> {
     }
 
     #[cfg(test)]
-    fn memory_for_test(&mut self) -> &mut CudaSlice<u8> {
+    fn memory_for_test(&mut self) -> &mut M {
         self.memory
+    }
+}
+
+/// Element types for which every bit pattern is a value (integers and floats): a read fills
+/// memory of them with a file's bytes, and copying those back to the host must give valid
+/// values (a `bool` or `char` could not be one, so this does not compile):
+///
+/// ```compile_fail,E0277
+/// fn fill(reader: &gdirect::gpu::GpuReader, flags: &mut cudarc::driver::CudaSlice<bool>) {
+///     let _ = reader.register(flags);
+/// }
+/// ```
+pub trait Plain: private::Sealed + DeviceRepr {}
+
+macro_rules! plain {
+    ($($t:ty)*) => {$(
+        impl private::Sealed for $t {}
+        impl Plain for $t {}
+    )*};
+}
+plain!(u8 i8 u16 i16 u32 i32 u64 i64 u128 i128 usize isize f32 f64);
+
+/// CUDA memory a [`GpuReader`] reads into: a [`CudaSlice`] or [`CudaViewMut`] of
+/// [`Plain`] elements (offsets and lengths are in bytes), or a [`RawGpuMemory`]. Implemented
+/// by this crate only (this does not compile):
+///
+/// ```compile_fail,E0277
+/// struct Mine;
+/// impl gdirect::gpu::GpuMemory for Mine {}
+/// ```
+pub trait GpuMemory: private::Target {}
+
+impl<T: private::Target + ?Sized> GpuMemory for T {}
+
+/// Device memory that another library allocated (a PyTorch tensor's, a CuPy array's), known
+/// by its address and length, as a [`GpuReader`] destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawGpuMemory {
+    ptr: u64,
+    len: u64,
+    ordinal: usize,
+}
+
+impl RawGpuMemory {
+    /// The `len` bytes of device memory at `ptr`; an error where the driver does not know
+    /// them as one allocation of device memory.
+    ///
+    /// # Safety
+    ///
+    /// The memory stays allocated, and nothing but the reads this value is given to reads or
+    /// writes it, until every such read has ended (for [`GpuReader::read_async`], until its
+    /// [`PendingRead`] says it is done); no Rust reference points into it meanwhile.
+    pub unsafe fn new(ptr: u64, len: u64) -> Result<Self> {
+        let a = DeviceAllocation::of(ptr)?;
+        if ptr
+            .checked_add(len)
+            .is_none_or(|end| end > a.start + a.size)
+        {
+            return Err(Error::OutOfMemoryRange {
+                offset: ptr - a.start,
+                len,
+                size: a.size,
+            });
+        }
+        Ok(Self {
+            ptr,
+            len,
+            ordinal: a.ordinal,
+        })
+    }
+
+    /// Its address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Its CUDA device.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+}
+
+mod private {
+    use super::*;
+
+    pub trait Sealed {}
+
+    /// What a reader needs of its destination.
+    pub trait Target {
+        /// Its size in bytes.
+        fn bytes(&self) -> u64;
+        /// Its device address.
+        fn address(&self) -> u64;
+        /// The CUDA device it is on.
+        fn ordinal(&self) -> usize;
+        /// Waits until the work queued on it has finished (the backend's context is current).
+        fn wait_queued(&mut self, backend: &CudaBackend) -> Result<()>;
+        /// Readies it for a read by `backend`'s engine: on its device, nothing queued on it.
+        fn settle(&mut self, backend: &CudaBackend) -> Result<()> {
+            let engine = backend.context().ordinal();
+            if self.ordinal() != engine {
+                return Err(Error::WrongDevice {
+                    memory: self.ordinal(),
+                    engine,
+                });
+            }
+            self.wait_queued(backend)
+        }
+    }
+
+    /// Waits for the work on `stream` and on the streams whose use of `mem` cudarc tracks.
+    fn settle_slice<T, S: DevicePtrMut<T>>(mem: &mut S) -> Result<()> {
+        let stream = mem.stream().clone();
+        // The stream waits for every earlier use of the memory (cudarc's events), then the
+        // host waits for the stream.
+        drop(mem.device_ptr_mut(&stream));
+        stream.synchronize().map_err(|e| Error::Cuda {
+            what: "synchronizing the destination's stream",
+            error: format!("{e:?}"),
+        })
+    }
+
+    impl<T: Plain> Target for CudaSlice<T> {
+        fn bytes(&self) -> u64 {
+            self.num_bytes() as u64
+        }
+        fn address(&self) -> u64 {
+            DevicePtr::device_ptr(self, self.stream()).0
+        }
+        fn ordinal(&self) -> usize {
+            CudaSlice::ordinal(self)
+        }
+        fn wait_queued(&mut self, _: &CudaBackend) -> Result<()> {
+            settle_slice(self)
+        }
+    }
+
+    impl<T: Plain> Target for CudaViewMut<'_, T> {
+        fn bytes(&self) -> u64 {
+            DeviceSlice::num_bytes(self) as u64
+        }
+        fn address(&self) -> u64 {
+            DevicePtr::device_ptr(self, DeviceSlice::stream(self)).0
+        }
+        fn ordinal(&self) -> usize {
+            DeviceSlice::stream(self).context().ordinal()
+        }
+        fn wait_queued(&mut self, _: &CudaBackend) -> Result<()> {
+            settle_slice(self)
+        }
+    }
+
+    impl Target for RawGpuMemory {
+        fn bytes(&self) -> u64 {
+            self.len
+        }
+        fn address(&self) -> u64 {
+            self.ptr
+        }
+        fn ordinal(&self) -> usize {
+            self.ordinal
+        }
+        fn wait_queued(&mut self, backend: &CudaBackend) -> Result<()> {
+            // The stream that last used it is not known: all of the context's work.
+            backend.synchronize()
+        }
     }
 }
 
 /// The [`Transfer`] of a compat read: every byte went through host memory (the page cache or
 /// a staging buffer).
-pub(crate) fn compat_transfer(r: &Report, why: CompatReason) -> Transfer {
+pub(crate) fn compat_transfer(bytes: u64, eof: bool, why: CompatReason) -> Transfer {
     Transfer {
         engine: Engine::Compat(why),
-        bytes: r.bytes,
+        bytes,
         path: IoPath::Bounce,
         reason: Reason::None,
         transport: Transport::Unknown,
-        eof: r.eof,
-        bounce_bytes: r.bytes,
+        eof,
+        bounce_bytes: bytes,
     }
 }
 
@@ -382,6 +760,234 @@ mod tests {
         }
     }
 
+    /// A file of `len` pseudo-random bytes from `seed` in the temporary directory, and its bytes.
+    fn random_file(tag: &str, len: usize, seed: u64) -> (PathBuf, Vec<u8>) {
+        let path = std::env::temp_dir().join(format!("gdirect-{tag}-{}", std::process::id()));
+        let mut state = seed;
+        let mut data: Vec<u8> = (0..len.div_ceil(8))
+            .flat_map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state.to_le_bytes()
+            })
+            .collect();
+        data.truncate(len);
+        std::fs::write(&path, &data).expect("test file");
+        (path, data)
+    }
+
+    /// Runs a future to its end on this thread (the test's executor).
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        struct Unpark(std::thread::Thread);
+        impl std::task::Wake for Unpark {
+            fn wake(self: Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let mut f = std::pin::pin!(f);
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                return v;
+            }
+            std::thread::park();
+        }
+    }
+
+    const POISON: u8 = 0xa5;
+
+    /// Every destination a reader takes (a slice of `f32`, a view into part of a slice, memory
+    /// known only by its address), vectored reads from two files, and reads in flight at once
+    /// (waited for, and awaited): each range exact, the bytes around it still the poison put
+    /// there first, and each bad request refused before a byte moves. Run on a GPU machine:
+    /// `cargo test -p gdirect --features cuda -- --ignored handles`.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn handles_take_any_plain_memory_vectored_and_async_reads() {
+        use cudarc::driver::CudaContext;
+        let mib = 1usize << 20;
+        let (pa, a) = random_file("any-a", 6 * mib + 12345, 0x9e37_79b9_7f4a_7c15);
+        let (pb, b) = random_file("any-b", 3 * mib, 0xd1b5_4a32_d192_ed03);
+        let ctx = CudaContext::new(0).expect("CUDA context");
+        let stream = ctx.default_stream();
+        let engine = CompatEngine::builder()
+            .threads(4)
+            .build(CudaBackend::from_context(ctx.clone()))
+            .expect("engine");
+        let reader = Arc::new(GpuReader::new(engine));
+        let (fa, fb) = (
+            Arc::new(reader.open(&pa).expect("open a")),
+            reader.open(&pb).expect("open b"),
+        );
+        let poisoned = |n: usize| {
+            let mut m = stream.alloc_zeros::<u8>(n).expect("GPU memory");
+            stream
+                .memcpy_htod(&vec![POISON; n], &mut m)
+                .expect("poison");
+            m
+        };
+        // (memory offset, expected bytes) pieces of `got`; everything else is poison.
+        let check = |got: &[u8], pieces: &[(usize, &[u8])], what: &str| {
+            let mut want = vec![POISON; got.len()];
+            for &(at, bytes) in pieces {
+                want[at..at + bytes.len()].copy_from_slice(bytes);
+            }
+            let bad = got.iter().zip(&want).position(|(g, w)| g != w);
+            assert_eq!(bad, None, "{what}: first wrong byte");
+        };
+
+        // A slice of f32: offsets and lengths in bytes.
+        let mut f32s = stream
+            .clone_htod(&vec![f32::from_bits(u32::from_ne_bytes([POISON; 4])); mib])
+            .expect("f32 memory");
+        {
+            let mut buf = reader.register(&mut f32s);
+            assert_eq!(buf.len(), 4 * mib as u64);
+            let r = reader
+                .read_into(&fa, &mut buf, 4096, 8192, 2 * mib as u64)
+                .expect("read into f32");
+            assert_eq!(r.transfer.bytes, 2 * mib as u64);
+        }
+        let got: Vec<u8> = stream
+            .clone_dtoh(&f32s)
+            .expect("copy back")
+            .iter()
+            .flat_map(|f| f.to_ne_bytes())
+            .collect();
+        check(&got, &[(4096, &a[8192..8192 + 2 * mib])], "f32 slice");
+
+        // A view of the middle of a slice, read by segments of two files.
+        let mut big = poisoned(8 * mib);
+        {
+            let mut view = big.slice_mut(mib..5 * mib);
+            let mut buf = reader.register(&mut view);
+            assert_eq!(buf.len(), 4 * mib as u64);
+            let seg = |file, file_offset, len, mem_offset| GpuSegment {
+                file,
+                file_offset,
+                len,
+                mem_offset,
+            };
+            let m = mib as u64;
+            // Refused before any byte moves (the first segment's range stays poison): a
+            // segment past the view's end, overlapping ones.
+            for bad in [
+                vec![seg(&*fa, 0, m / 2, 2 * m), seg(&fb, 0, m, 3 * m + 1)],
+                vec![seg(&*fa, 0, m / 2, 2 * m), seg(&fb, 0, m, 2 * m + m / 4)],
+            ] {
+                let r = reader.read_vectored_into(&mut buf, &bad);
+                assert!(
+                    matches!(
+                        r,
+                        Err(Error::OutOfMemoryRange { .. } | Error::BadSetting { .. })
+                    ),
+                    "{r:?}"
+                );
+            }
+            let v = reader
+                .read_vectored_into(
+                    &mut buf,
+                    &[
+                        seg(&*fa, 0, m, 0),
+                        // Past the end of b: 1 MiB of 2.
+                        seg(&fb, 2 * m, 2 * m, m),
+                        seg(&*fa, 6 * m, 64 << 10, 3 * m + 4096),
+                    ],
+                )
+                .expect("vectored read");
+            let bytes: Vec<u64> = v.transfers.iter().map(|t| t.bytes).collect();
+            assert_eq!(bytes, [m, m, 12345]);
+            let eofs: Vec<bool> = v.transfers.iter().map(|t| t.eof).collect();
+            assert_eq!(eofs, [false, true, true]);
+            assert_eq!(v.bytes(), 2 * m + 12345);
+        }
+        let got = stream.clone_dtoh(&big).expect("copy back");
+        check(
+            &got,
+            &[
+                (mib, &a[..mib]),
+                (2 * mib, &b[2 * mib..]),
+                (4 * mib + 4096, &a[6 * mib..]),
+            ],
+            "view",
+        );
+
+        // Memory known only by its address (as another library's would be).
+        let backing = poisoned(2 * mib);
+        let ptr = backing.device_ptr(&stream).0;
+        // SAFETY: the first MiB of `backing`, which lives to the end of the test and which
+        // nothing else touches while `raw` is read into.
+        let mut raw = unsafe { RawGpuMemory::new(ptr, mib as u64) }.expect("raw memory");
+        assert_eq!(raw.ordinal(), 0);
+        let r = reader
+            .read(&pb, &mut raw, 4096, mib as u64, 65536)
+            .expect("read into raw memory");
+        assert_eq!(r.transfer.bytes, 65536);
+        // Beyond its allocation, and host memory, are refused.
+        // SAFETY: refused before any use.
+        let past = unsafe { RawGpuMemory::new(ptr + mib as u64, 2 * mib as u64) };
+        assert!(
+            matches!(past, Err(Error::OutOfMemoryRange { .. })),
+            "{past:?}"
+        );
+        let host = [0u8; 64];
+        // SAFETY: refused before any use.
+        let host = unsafe { RawGpuMemory::new(host.as_ptr() as u64, 64) };
+        assert!(matches!(host, Err(Error::Cuda { .. })), "{host:?}");
+        // Memory of another device than the engine's is refused before a byte moves.
+        let mut other = RawGpuMemory { ordinal: 1, ..raw };
+        let r = reader.read(&pb, &mut other, 0, 0, 65536);
+        assert!(
+            matches!(
+                r,
+                Err(Error::WrongDevice {
+                    memory: 1,
+                    engine: 0
+                })
+            ),
+            "{r:?}"
+        );
+        let got = stream.clone_dtoh(&backing).expect("copy back");
+        check(&got, &[(4096, &b[mib..mib + 65536])], "raw memory");
+
+        // Two reads in flight: one waited for, one awaited; an error comes back with its
+        // memory.
+        let p1 = reader
+            .read_async(fa.clone(), poisoned(4 * mib), 0, 0, 4 * mib as u64)
+            .expect("start 1");
+        let p2 = reader
+            .read_async(
+                fa.clone(),
+                poisoned(4 * mib),
+                4096,
+                2 * mib as u64,
+                4 * mib as u64 - 4096,
+            )
+            .expect("start 2");
+        let p3 = reader
+            .read_async(fa.clone(), poisoned(mib), 0, 0, 2 * mib as u64)
+            .expect("start 3");
+        let (m1, r1) = p1.wait();
+        let (m2, r2) = block_on(p2);
+        let (m3, r3) = p3.wait();
+        assert_eq!(r1.expect("read 1").transfer.bytes, 4 * mib as u64);
+        assert!(matches!(r3, Err(Error::OutOfMemoryRange { .. })), "{r3:?}");
+        assert_eq!(m3.len(), mib);
+        let r2 = r2.expect("read 2").transfer;
+        assert_eq!((r2.bytes, r2.eof), (4 * mib as u64 - 4096, false));
+        let got = stream.clone_dtoh(&m1).expect("copy back");
+        check(&got, &[(0, &a[..4 * mib])], "async 1");
+        let got = stream.clone_dtoh(&m2).expect("copy back");
+        check(&got, &[(4096, &a[2 * mib..6 * mib - 4096])], "async 2");
+        let got = stream.clone_dtoh(&m3).expect("copy back");
+        check(&got, &[], "async 3 (refused)");
+        for p in [pa, pb] {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+
     /// Open once, register once, many reads: every range exact, short at the end of the file,
     /// and each transfer saying which engine served it and why (the GPU machines we have run
     /// no module, so the compat engine; a node with the module registers the buffer). Run on a
@@ -390,17 +996,7 @@ mod tests {
     #[ignore = "needs a CUDA GPU"]
     fn handles_read_many_ranges_from_one_open_and_one_registration() {
         use cudarc::driver::CudaContext;
-        let path = std::env::temp_dir().join(format!("gdirect-handles-{}", std::process::id()));
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let data: Vec<u8> = (0..(8 << 20) / 8)
-            .flat_map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state.to_le_bytes()
-            })
-            .collect();
-        std::fs::write(&path, &data).expect("test file");
+        let (path, data) = random_file("handles", 8 << 20, 0x2545_f491_4f6c_dd1d);
         let ctx = CudaContext::new(0).expect("CUDA context");
         let stream = ctx.default_stream();
         let mut mem = stream.alloc_zeros::<u8>(4 << 20).expect("GPU memory");

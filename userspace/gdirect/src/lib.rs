@@ -107,6 +107,11 @@ mod shareable {
             shareable::<crate::compat::CompatEngine<crate::compat::CudaBackend>>();
             shareable::<crate::gpu::GpuReader>();
             shareable::<crate::gpu::GpuFile>();
+            shareable::<crate::gpu::RawGpuMemory>();
+            shareable::<crate::gpu::PendingRead<cudarc::driver::CudaSlice<f32>>>();
+            // A registered buffer moves to another thread with the read it is for.
+            fn sendable<T: Send>() {}
+            sendable::<crate::gpu::GpuBuffer<'static, cudarc::driver::CudaSlice<u8>>>();
         }
     }
 }

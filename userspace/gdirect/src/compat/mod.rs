@@ -478,7 +478,7 @@ fn one_destination_each(segments: usize, destinations: usize) -> Result<()> {
 }
 
 /// `Ok` when no two `(offset, len)` ranges overlap.
-fn disjoint(ranges: impl Iterator<Item = (u64, u64)>) -> Result<()> {
+pub(crate) fn disjoint(ranges: impl Iterator<Item = (u64, u64)>) -> Result<()> {
     let mut r: Vec<(u64, u64)> = ranges.filter(|&(_, len)| len > 0).collect();
     r.sort_unstable();
     for w in r.windows(2) {
@@ -750,6 +750,22 @@ impl CompatEngine<CudaBackend> {
     ) -> Result<(Report, Vec<SegmentRead>)> {
         let _entered = self.backend.enter_thread()?;
         self.backend.synchronize()?;
+        // SAFETY: the caller's promise; the context's work has finished.
+        unsafe { self.read_device_ptrs_settled(segments, ptrs) }
+    }
+
+    /// [`CompatEngine::read_device_ptrs`] without waiting for the context's work first: the
+    /// caller has waited for the work queued on the memory (its stream).
+    ///
+    /// # Safety
+    ///
+    /// As [`CompatEngine::read_device_ptrs`], and no work queued on the device reads or writes
+    /// the destinations.
+    pub(crate) unsafe fn read_device_ptrs_settled(
+        &self,
+        segments: &[Segment<'_>],
+        ptrs: &[(u64, u64)],
+    ) -> Result<(Report, Vec<SegmentRead>)> {
         let dests = ptrs
             .iter()
             .map(|&(p, l)| cuda::CudaDest::from_raw(p, l))
