@@ -117,41 +117,21 @@ impl EngineArgs {
     }
 }
 
+/// The compat engine's report (the library's, serialised), with the settings it ran with.
 #[derive(Serialize, Clone, Debug, Default)]
 pub(crate) struct CompatJson {
-    threads: usize,
     task_size: u64,
-    page_cache: &'static str,
-    direct_bytes: u64,
-    buffered_bytes: u64,
-    mapped_bytes: u64,
-    registered_bytes: u64,
-    ios: u64,
-}
-
-impl CompatJson {
-    /// Adds the byte and I/O counts of a later piece of the same read.
-    #[cfg(feature = "cuda")]
-    fn add(&mut self, other: &Self) {
-        self.direct_bytes += other.direct_bytes;
-        self.buffered_bytes += other.buffered_bytes;
-        self.mapped_bytes += other.mapped_bytes;
-        self.registered_bytes += other.registered_bytes;
-        self.ios += other.ios;
-    }
+    page_cache: gdirect::compat::PageCache,
+    #[serde(flatten)]
+    report: Report,
 }
 
 #[cfg(feature = "cuda")]
 fn compat_json(engine_settings: &gdirect::compat::Settings, r: &Report) -> CompatJson {
     CompatJson {
-        threads: r.threads,
         task_size: engine_settings.task_size,
-        page_cache: engine_settings.page_cache.name(),
-        direct_bytes: r.direct_bytes,
-        buffered_bytes: r.buffered_bytes,
-        mapped_bytes: r.mapped_bytes,
-        registered_bytes: r.registered_bytes,
-        ios: r.ios,
+        page_cache: engine_settings.page_cache,
+        report: r.clone(),
     }
 }
 
@@ -281,10 +261,9 @@ pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
         let t = r.transfer;
         first.get_or_insert((t.engine.name(), t.engine.explain()));
         if let Some(c) = &r.compat {
-            let piece = compat_json(&settings, c);
             match &mut compat {
-                Some(sum) => sum.add(&piece),
-                None => compat = Some(piece),
+                Some(sum) => sum.report.add(c),
+                None => compat = Some(compat_json(&settings, c)),
             }
         }
         if let Some(reference) = &job.verify {
@@ -335,9 +314,10 @@ pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
             println!("window     {window} bytes of GPU memory, {pieces} pieces");
         }
         if let Some(c) = &report.compat {
+            let r = &c.report;
             println!(
                 "compat     {} threads, {} B tasks, page cache {}: {} B direct, {} B buffered, {} B mapped",
-                c.threads, c.task_size, c.page_cache, c.direct_bytes, c.buffered_bytes, c.mapped_bytes
+                r.threads, c.task_size, c.page_cache.name(), r.direct_bytes, r.buffered_bytes, r.mapped_bytes
             );
         }
         println!("time       {seconds:.3} s, {:.2} GB/s", report.gb_per_s);

@@ -339,11 +339,7 @@ fn main() -> ExitCode {
             if failure.json {
                 print_json(&ErrorJson {
                     device: cli.device.display().to_string(),
-                    error: ErrorDetail {
-                        kind: failure.error.kind().name(),
-                        message: failure.error.to_string(),
-                        errno: failure.error.errno().map(|e| format!("{e:?}")),
-                    },
+                    error: &failure.error,
                 });
             }
             eprintln!("gdirect: {}", failure.error);
@@ -454,17 +450,11 @@ struct InfoJson {
     limits: LimitsJson,
 }
 
+/// A failure: the library's error (its kind, message and errno) and the device asked.
 #[derive(Serialize)]
-struct ErrorJson {
+struct ErrorJson<'a> {
     device: String,
-    error: ErrorDetail,
-}
-
-#[derive(Serialize)]
-struct ErrorDetail {
-    kind: &'static str,
-    message: String,
-    errno: Option<String>,
+    error: &'a Error,
 }
 
 fn print_json(value: &impl Serialize) {

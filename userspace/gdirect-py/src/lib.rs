@@ -115,24 +115,13 @@ fn compat_reason() -> &'static str {
     static REASON: OnceLock<&'static str> = OnceLock::new();
     REASON.get_or_init(|| {
         let reason = match Driver::open() {
-            Err(Error::ModuleNotLoaded { .. }) => CompatReason::NoModule,
-            Err(Error::PermissionDenied { .. }) => CompatReason::NoAccess,
-            Err(Error::VersionMismatch { .. } | Error::NotGdirect { .. }) => {
-                CompatReason::Incompatible
-            }
-            Err(e) => CompatReason::Unavailable(e.errno().unwrap_or(gdirect::Errno::EIO)),
+            Err(e) => CompatReason::from_error(&e),
             Ok(d) => match d.info() {
                 Ok(i) if !i.has_provider(Provider::Nvidia) => CompatReason::NoProvider,
                 _ => return "module_not_used_from_python",
             },
         };
-        match reason {
-            CompatReason::NoModule => "no_module",
-            CompatReason::NoAccess => "no_access",
-            CompatReason::Incompatible => "incompatible",
-            CompatReason::NoProvider => "no_provider",
-            _ => "unavailable",
-        }
+        reason.name()
     })
 }
 

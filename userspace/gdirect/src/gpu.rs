@@ -20,6 +20,7 @@ use crate::{
 
 /// What [`GpuReader::read`] did: the transfer, and the compat engine's report when it ran.
 #[derive(Clone, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct GpuRead {
     /// The transfer (its `engine` says which engine and why).
     pub transfer: Transfer,
@@ -99,16 +100,6 @@ impl CompatMode {
     }
 }
 
-/// Why the module cannot serve, from the error opening or asking it.
-fn compat_reason_of(e: &Error) -> CompatReason {
-    match e {
-        Error::ModuleNotLoaded { .. } => CompatReason::NoModule,
-        Error::PermissionDenied { .. } => CompatReason::NoAccess,
-        Error::VersionMismatch { .. } | Error::NotGdirect { .. } => CompatReason::Incompatible,
-        e => CompatReason::Unavailable(e.errno().unwrap_or(Errno::EIO)),
-    }
-}
-
 impl GpuReader {
     /// A reader that uses the module when it is loaded with the `nvidia` provider, and
     /// `engine` otherwise.
@@ -128,11 +119,11 @@ impl GpuReader {
             return Self::compat_only(engine);
         }
         let module = match Driver::open() {
-            Err(e) => Err(compat_reason_of(&e)),
+            Err(e) => Err(CompatReason::from_error(&e)),
             Ok(d) => match d.info() {
                 Ok(info) if info.has_provider(Provider::Nvidia) => Ok(d),
                 Ok(_) => Err(CompatReason::NoProvider),
-                Err(e) => Err(compat_reason_of(&e)),
+                Err(e) => Err(CompatReason::from_error(&e)),
             },
         };
         Self {
@@ -405,6 +396,7 @@ pub struct GpuSegment<'f> {
 
 /// What [`GpuReader::read_vectored_into`] did.
 #[derive(Clone, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct GpuReadVectored {
     /// Each segment's transfer, in the segments' order (fewer bytes than asked only at the
     /// end of its file; its `engine` says which engine and why).
@@ -736,25 +728,25 @@ mod tests {
     fn the_fallback_names_why_the_module_cannot_serve() {
         let gone = Driver::open_path("/nonexistent/gdirect").map(|_| ());
         assert_eq!(
-            gone.as_ref().map_err(compat_reason_of),
+            gone.as_ref().map_err(CompatReason::from_error),
             Err(CompatReason::NoModule)
         );
         // Another driver's device answers GET_INFO with ENOTTY: not gdirect.
         let other = Driver::open_path("/dev/null").map(|_| ());
         assert_eq!(
-            other.as_ref().map_err(compat_reason_of),
+            other.as_ref().map_err(CompatReason::from_error),
             Err(CompatReason::Incompatible)
         );
         let denied = Error::PermissionDenied {
             path: "/dev/gdirect".into(),
         };
-        assert_eq!(compat_reason_of(&denied), CompatReason::NoAccess);
+        assert_eq!(CompatReason::from_error(&denied), CompatReason::NoAccess);
         let newer = Error::VersionMismatch {
             path: "/dev/gdirect".into(),
             module: 2,
             library: 1,
         };
-        assert_eq!(compat_reason_of(&newer), CompatReason::Incompatible);
+        assert_eq!(CompatReason::from_error(&newer), CompatReason::Incompatible);
         for r in [CompatReason::NoAccess, CompatReason::Incompatible] {
             assert!(!Engine::Compat(r).explain().contains("not loaded"), "{r:?}");
         }

@@ -295,6 +295,31 @@ impl Engine {
 }
 
 impl CompatReason {
+    /// Why the module cannot serve, from the error opening or asking it.
+    pub fn from_error(e: &crate::Error) -> Self {
+        use crate::Error;
+        match e {
+            Error::ModuleNotLoaded { .. } => Self::NoModule,
+            Error::PermissionDenied { .. } => Self::NoAccess,
+            Error::VersionMismatch { .. } | Error::NotGdirect { .. } => Self::Incompatible,
+            e => Self::Unavailable(e.errno().unwrap_or(Errno::EIO)),
+        }
+    }
+
+    /// The reason's name, as JSON and the Python package spell it (`no_module`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::NoModule => "no_module",
+            Self::NoAccess => "no_access",
+            Self::Incompatible => "incompatible",
+            Self::Unavailable(_) => "unavailable",
+            Self::NoProvider => "no_provider",
+            Self::Refused(_) => "refused",
+            Self::Unaligned => "unaligned",
+            Self::Requested => "requested",
+        }
+    }
+
     /// Why the module did not serve, in words (what [`Engine::explain`] says before the
     /// engine that did).
     pub fn cause(self) -> String {

@@ -51,6 +51,8 @@ mod memory;
 pub mod nvmeof;
 mod pci;
 mod registration;
+#[cfg(feature = "serde")]
+mod ser;
 mod sys;
 mod sysfs;
 #[cfg(feature = "check")]

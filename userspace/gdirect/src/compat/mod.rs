@@ -175,9 +175,10 @@ pub unsafe trait Lane {
 }
 
 /// How the engine treats data in the page cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PageCache {
     /// Cached pieces by the backend's preferred page-cache path, the rest by direct I/O.
+    #[default]
     Auto,
     /// Everything by `O_DIRECT` (buffered reads only where the file system refuses it).
     Direct,
@@ -208,6 +209,7 @@ impl PageCache {
 
 /// The engine's settings. Build them with [`CompatEngine::builder`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Settings {
     /// Worker threads (each with its own staging buffers and copy stream).
     pub threads: usize,
@@ -412,6 +414,7 @@ impl Builder {
 
 /// What one read did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Report {
     /// Bytes read into the memory.
     pub bytes: u64,
@@ -430,11 +433,29 @@ pub struct Report {
     /// Workers that took part.
     pub threads: usize,
     /// Nanoseconds of each I/O, when the settings ask for them.
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Vec::is_empty"))]
     pub latencies_ns: Vec<u64>,
+}
+
+impl Report {
+    /// Adds the counts of a later read (a later piece of the same range): bytes, I/Os and
+    /// latencies add up, `eof` is the later read's, `threads` the most either used.
+    pub fn add(&mut self, later: &Report) {
+        self.bytes += later.bytes;
+        self.eof = later.eof;
+        self.direct_bytes += later.direct_bytes;
+        self.buffered_bytes += later.buffered_bytes;
+        self.mapped_bytes += later.mapped_bytes;
+        self.registered_bytes += later.registered_bytes;
+        self.ios += later.ios;
+        self.threads = self.threads.max(later.threads);
+        self.latencies_ns.extend_from_slice(&later.latencies_ns);
+    }
 }
 
 /// Counters of every compat read in this process.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CompatStats {
     /// Reads.
     pub reads: u64,
@@ -584,6 +605,7 @@ pub struct Segment<'a> {
 
 /// What one segment of a vectored read got.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct SegmentRead {
     /// Bytes read: fewer than asked only at the end of the file.
     pub bytes: u64,
