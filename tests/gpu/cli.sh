@@ -90,6 +90,16 @@ out=$("$gd" bench "$dir/a.bin" --io-size 1M --pattern rand --jobs 4 --repeat 1 -
 check "bench: random 1 MiB I/Os from 4 jobs, one pass (96 I/Os), every one verified" \
 	eq "exit ios bytes verified pattern" "0 96 $((96 * MIB)) True rand" \
 	"$? $(fields ios bytes verified pattern <<<"$out")"
+# No module on this machine: the reader says the compat engine read, and why.
+check "bench: the engine that read, and why (no module here)" python3 -c '
+import json, sys
+d = json.loads(sys.argv[1])
+sys.exit(0 if d["engine"] == "compat" and "not loaded" in d["why"] else 1)' "$out"
+out=$(GDIRECT_COMPAT_MODE=off "$gd" bench "$dir/a.bin" --io-size 1M --repeat 1 --json 2>/dev/null)
+check "bench with GDIRECT_COMPAT_MODE=off and no module: an error that says so" python3 -c '
+import json, sys
+d = json.loads(sys.argv[1])
+sys.exit(0 if d["error"]["kind"] == "compat_mode_off" else 1)' "$out"
 
 out=$("$gd" bench "$dir/a.bin" --io-size 4K --duration 1 --json)
 check "bench: 4 KiB I/Os for a second, timed and counted" python3 -c '

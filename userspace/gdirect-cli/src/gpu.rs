@@ -372,8 +372,8 @@ pub(crate) struct BenchArgs {
     /// once more to compute it.
     #[arg(long, value_parser = parse_hex)]
     pub(crate) reference: Option<u64>,
-    /// Bytes per I/O, a multiple of 4K: each I/O is one read of the compat engine into a
-    /// buffer of this size, its bytes compared with the file's after its time is taken [default: the
+    /// Bytes per I/O, a multiple of 4K: each I/O is one read of the library's GPU reader (the
+    /// module where it is loaded, the compat engine otherwise) into a buffer of this size, its bytes compared with the file's after its time is taken [default: the
     /// whole --len in one read, verified by checksum]. Independent of --block-size, the
     /// engine's size of the reads it issues.
     #[arg(long, value_parser = crate::parse_size, conflicts_with = "first")]
@@ -485,6 +485,9 @@ struct BenchIoJson {
     threads: usize,
     block_size: u64,
     page_cache: &'static str,
+    /// Which engine read (the module where it serves, the compat engine otherwise), and why.
+    engine: &'static str,
+    why: String,
     ios: u64,
     bytes: u64,
     /// The longest job's time in reads (their verification not included).
@@ -504,13 +507,17 @@ struct JobTally {
     bytes: u64,
     read_ns: u64,
     latencies: Vec<u64>,
+    /// The engine of its first I/O, and why.
+    engine: Option<(&'static str, String)>,
 }
 
-/// `bench --io-size`: jobs issuing I/Os of one size, each I/O's bytes compared with the
-/// file's after its time is taken.
+/// `bench --io-size`: jobs issuing I/Os of one size through the library's GPU reader (the
+/// module where it is loaded and serves, the compat engine otherwise, as
+/// `GDIRECT_COMPAT_MODE` allows), each job's buffer registered once, each I/O's bytes compared
+/// with the file's after its time is taken.
 #[cfg(feature = "cuda")]
 fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
-    use gdirect::compat::{CudaBackend, Source};
+    use gdirect::{compat::CudaBackend, gpu::GpuReader};
     use std::{os::unix::fs::FileExt, time::Duration};
 
     let len = read_len(&args.file, 0, args.len).json(json)?;
@@ -526,7 +533,8 @@ fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
     let ctx = backend.context().clone();
     let engine = args.engine.builder().build(backend).json(json)?;
     let settings = engine.settings().clone();
-    let src = Source::open(&args.file).json(json)?;
+    let reader = GpuReader::from_env(engine).json(json)?;
+    let src = reader.open(&args.file).json(json)?;
     let file = std::fs::File::open(&args.file)
         .map_err(|e| Error::OpenFile {
             path: args.file.clone(),
@@ -546,6 +554,7 @@ fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
             .alloc_zeros::<u8>(io as usize)
             .map_err(cuda("GPU memory allocation"))
             .map_err(other)?;
+        let mut buf = reader.register(&mut mem);
         let mut got = vec![0u8; io as usize];
         let mut want = vec![0u8; io as usize];
         let mut state =
@@ -559,10 +568,15 @@ fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
             }
             let off = io_offset(args.pattern, k, j as u64, jobs as u64, slots, &mut state) * io;
             let t0 = Instant::now();
-            let r = engine.read(&src, &mut mem, 0, off, io).map_err(other)?;
+            let r = reader
+                .read_into(&src, &mut buf, 0, off, io)
+                .map_err(other)?
+                .transfer;
             let ns = t0.elapsed().as_nanos() as u64;
+            t.engine
+                .get_or_insert_with(|| (r.engine.name(), r.engine.explain()));
             stream
-                .memcpy_dtoh(&mem, &mut got)
+                .memcpy_dtoh(buf.memory(), &mut got)
                 .and_then(|()| stream.synchronize())
                 .map_err(cuda("device-to-host copy"))
                 .map_err(other)?;
@@ -617,6 +631,7 @@ fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
                 all.bytes += t.bytes;
                 longest = longest.max(t.read_ns);
                 all.latencies.extend(t.latencies);
+                all.engine = all.engine.or(t.engine);
             }
             Err((true, error)) => {
                 let mut failure = Failure::mismatch(error);
@@ -628,7 +643,10 @@ fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
     }
     all.latencies.sort_unstable();
     let seconds = longest as f64 / 1e9;
+    let (engine, why) = all.engine.unwrap_or(("none", "no I/O ran".into()));
     let out = BenchIoJson {
+        engine,
+        why,
         file: args.file.display().to_string(),
         gpu: args.gpu,
         pattern: args.pattern.name(),
@@ -657,6 +675,7 @@ fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
             "{} I/Os, {} bytes in {:.3} s: {:.2} GB/s, {:.0} IOPS, latency p50 {:.0} us, p99 {:.0} us; every I/O verified",
             out.ios, out.bytes, out.seconds, out.gb_per_s, out.iops, out.p50_us, out.p99_us
         );
+        println!("engine {} ({})", out.engine, out.why);
     }
     Ok(())
 }
