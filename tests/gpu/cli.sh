@@ -4,7 +4,8 @@
 # The command line tool on a CUDA machine (no kernel module needed): a read with no memory
 # named goes into CUDA device 0; a read through a window smaller than the file takes it piece
 # by piece, every piece verified; a byte that differs from the reference exits 3; flags of the
-# other kind of memory are command line errors (2); --json works on every command.
+# other kind of memory are command line errors (2); --json works on every command; bench
+# measures reads and writes (a written file is checked against the pattern here too).
 #
 # Usage: tests/gpu/cli.sh [GDIRECT]   (default: target/release/gdirect)
 # Prints one "ok"/"not ok" line per check, then "N passed, N failed"; exits 1 on a failure.
@@ -108,6 +109,34 @@ d = json.loads(sys.argv[1])
 ok = d["ios"] > 100 and d["bytes"] == 4096 * d["ios"] and 0 < d["seconds"] <= 1.5 and d["p99_us"] >= d["p50_us"] > 0
 print("# %d I/Os, %.0f IOPS, p50 %.0f us, p99 %.0f us" % (d["ios"], d["iops"], d["p50_us"], d["p99_us"]))
 sys.exit(0 if ok else 1)' "$out"
+
+# Writes: 4 jobs write a new file in 1 MiB I/Os from GPU memory; the tool compares each I/O's
+# bytes, and this script recomputes the pattern of two of them from the file itself.
+out=$("$gd" bench "$dir/w.bin" --io-size 1M --write --len 24M --jobs 4 --repeat 1 --json)
+check "bench --write: a new 24 MiB file in 1 MiB writes from 4 jobs, every one verified" \
+	eq "exit op ios bytes verified" "0 write 24 $((24 * MIB)) True" \
+	"$? $(fields op ios bytes verified <<<"$out")"
+check "bench --write: the file holds each I/O's offset pattern" python3 -c '
+import sys
+data = open(sys.argv[1], "rb").read()
+def pattern(off, n):
+    s, out, m = off ^ 0x2545F4914F6CDD1D, bytearray(), (1 << 64) - 1
+    while len(out) < n:
+        s ^= (s << 13) & m; s ^= s >> 7; s ^= (s << 17) & m
+        out += s.to_bytes(8, "little")
+    return bytes(out[:n])
+M = 1 << 20
+ok = len(data) == 24 * M and all(data[o:o + M] == pattern(o, M) for o in (0, 17 * M))
+sys.exit(0 if ok else 1)' "$dir/w.bin"
+cp "$dir/w.bin" "$dir/w.orig"
+"$gd" bench "$dir/w.bin" --io-size 1M --write --repeat 1 >/dev/null 2>&1
+check "bench --write over an existing file without --overwrite: exit 2, the file untouched" \
+	eq "exit same" "2 0" "$? $(cmp -s "$dir/w.bin" "$dir/w.orig"; echo $?)"
+"$gd" bench "$dir/new.bin" --io-size 1M --write >/dev/null 2>&1
+check "bench --write to a new file without --len: exit 2" eq exit 2 $?
+out=$("$gd" bench "$dir/w.bin" --io-size 64K --write --overwrite --pattern rand --duration 1 --json)
+check "bench --write --overwrite: random 64 KiB writes for a second, verified" \
+	eq "exit op verified" "0 write True" "$? $(fields op verified <<<"$out")"
 
 "$gd" bench "$dir/a.bin" --io-size 4K --first >/dev/null 2>&1
 check "bench --io-size with --first: a command line error" eq exit 2 $?

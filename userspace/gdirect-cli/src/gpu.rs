@@ -393,6 +393,14 @@ pub(crate) struct BenchArgs {
     /// Threads issuing I/Os at once, each with a buffer of its own (gdsio's workers).
     #[arg(long, default_value_t = 1, requires = "io_size")]
     pub(crate) jobs: usize,
+    /// Write instead of read: each I/O writes a buffer of GPU memory holding a pattern of its
+    /// file offset to FILE (created if missing; --len bytes, or the file's size), and the file's
+    /// bytes are read back and compared after its time is taken.
+    #[arg(long, requires = "io_size")]
+    pub(crate) write: bool,
+    /// Let --write overwrite a FILE that exists and is not empty.
+    #[arg(long, requires = "write")]
+    pub(crate) overwrite: bool,
 }
 
 /// `bench --pattern`.
@@ -422,6 +430,18 @@ fn io_offset(pattern: Pattern, k: u64, job: u64, jobs: u64, slots: u64, state: &
             *state ^= *state << 17;
             *state % slots.max(1)
         }
+    }
+}
+
+/// The bytes `bench --write` writes at file offset `off`: a pattern of the offset, so that a
+/// byte in the wrong place shows.
+fn offset_pattern(off: u64, out: &mut [u8]) {
+    let mut state = off ^ 0x2545_f491_4f6c_dd1d;
+    for chunk in out.chunks_mut(8) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
     }
 }
 
@@ -477,6 +497,8 @@ pub(crate) fn bench(args: &BenchArgs, json: bool) -> Result<(), Failure> {
 
 #[derive(Serialize)]
 struct BenchIoJson {
+    /// `read` or `write`.
+    op: &'static str,
     file: String,
     gpu: usize,
     pattern: &'static str,
@@ -490,7 +512,7 @@ struct BenchIoJson {
     why: String,
     ios: u64,
     bytes: u64,
-    /// The longest job's time in reads (their verification not included).
+    /// The longest job's time in reads or writes (their verification not included).
     seconds: f64,
     gb_per_s: f64,
     iops: f64,
@@ -520,7 +542,18 @@ fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
     use gdirect::{compat::CudaBackend, gpu::GpuReader};
     use std::{os::unix::fs::FileExt, time::Duration};
 
-    let len = read_len(&args.file, 0, args.len).json(json)?;
+    let existing = crate::file_size(&args.file).ok().filter(|&n| n > 0);
+    if args.write && existing.is_some() && !args.overwrite {
+        crate::usage_error(&format!(
+            "{} exists and is not empty: --write would overwrite it (add --overwrite)",
+            args.file.display()
+        ));
+    }
+    let len = match (args.len, args.write, existing) {
+        (Some(len), _, _) => len,
+        (None, true, None) => crate::usage_error("--write to a new or empty file needs --len"),
+        (None, _, _) => read_len(&args.file, 0, None).json(json)?,
+    };
     let io = io.div_ceil(4096) * 4096;
     let slots = len / io;
     if slots == 0 {
@@ -534,7 +567,11 @@ fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
     let engine = args.engine.builder().build(backend).json(json)?;
     let settings = engine.settings().clone();
     let reader = GpuReader::from_env(engine).json(json)?;
-    let src = reader.open(&args.file).json(json)?;
+    let (src, sink) = if args.write {
+        (None, Some(reader.create(&args.file, false).json(json)?))
+    } else {
+        (Some(reader.open(&args.file).json(json)?), None)
+    };
     let file = std::fs::File::open(&args.file)
         .map_err(|e| Error::OpenFile {
             path: args.file.clone(),
@@ -567,26 +604,47 @@ fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
                 _ => {}
             }
             let off = io_offset(args.pattern, k, j as u64, jobs as u64, slots, &mut state) * io;
-            let t0 = Instant::now();
-            let r = reader
-                .read_into(&src, &mut buf, 0, off, io)
-                .map_err(other)?
-                .transfer;
-            let ns = t0.elapsed().as_nanos() as u64;
-            t.engine
-                .get_or_insert_with(|| (r.engine.name(), r.engine.explain()));
-            stream
-                .memcpy_dtoh(buf.memory(), &mut got)
-                .and_then(|()| stream.synchronize())
-                .map_err(cuda("device-to-host copy"))
-                .map_err(other)?;
-            file.read_exact_at(&mut want, off).map_err(|e| {
+            let file_io = |e: std::io::Error| {
                 other(Error::FileIo {
                     path: args.file.clone(),
                     offset: off,
                     errno: gdirect::Errno::from_raw(e.raw_os_error().unwrap_or(5)),
                 })
-            })?;
+            };
+            if sink.is_some() {
+                // What this I/O writes: a pattern of its offset (jobs that write the same
+                // slot write the same bytes), put in GPU memory before the clock starts.
+                offset_pattern(off, &mut want);
+                stream
+                    .memcpy_htod(&want, buf.memory_mut())
+                    .and_then(|()| stream.synchronize())
+                    .map_err(cuda("host-to-device copy"))
+                    .map_err(other)?;
+            }
+            let t0 = Instant::now();
+            let r = match (&src, &sink) {
+                (Some(src), _) => reader.read_into(src, &mut buf, 0, off, io),
+                (None, Some(sink)) => reader.write_from(sink, &mut buf, 0, off, io),
+                (None, None) => Err(Error::Worker {
+                    what: "a bench job with neither a file to read nor one to write",
+                }),
+            }
+            .map_err(other)?
+            .transfer;
+            let ns = t0.elapsed().as_nanos() as u64;
+            t.engine
+                .get_or_insert_with(|| (r.engine.name(), r.engine.explain()));
+            if sink.is_some() {
+                // The file's bytes, back through the page cache.
+                file.read_exact_at(&mut got, off).map_err(file_io)?;
+            } else {
+                stream
+                    .memcpy_dtoh(buf.memory(), &mut got)
+                    .and_then(|()| stream.synchronize())
+                    .map_err(cuda("device-to-host copy"))
+                    .map_err(other)?;
+                file.read_exact_at(&mut want, off).map_err(file_io)?;
+            }
             if r.bytes != io || got != want {
                 let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
                 return Err((
@@ -594,9 +652,10 @@ fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
                     Error::Cuda {
                         what: "bench verification",
                         error: format!(
-                            "the I/O at offset {off} read {} of {io} bytes, first difference at byte {}: the read is wrong and its time does not count",
+                            "the I/O at offset {off} moved {} of {io} bytes, first difference at byte {}: the {} is wrong and its time does not count",
                             r.bytes,
-                            off + at as u64
+                            off + at as u64,
+                            if sink.is_some() { "write" } else { "read" },
                         ),
                     },
                 ));
@@ -645,6 +704,7 @@ fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
     let seconds = longest as f64 / 1e9;
     let (engine, why) = all.engine.unwrap_or(("none", "no I/O ran".into()));
     let out = BenchIoJson {
+        op: if args.write { "write" } else { "read" },
         engine,
         why,
         file: args.file.display().to_string(),
@@ -668,8 +728,8 @@ fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
         print_json(&out);
     } else {
         println!(
-            "bench {} on GPU {}: {} I/Os of {} bytes, {} job(s), {} threads, {} B blocks, page cache {}",
-            out.file, out.gpu, out.pattern, out.io_size, out.jobs, out.threads, out.block_size, out.page_cache
+            "bench {} on GPU {}: {} {} I/Os of {} bytes, {} job(s), {} threads, {} B blocks, page cache {}",
+            out.file, out.gpu, out.pattern, out.op, out.io_size, out.jobs, out.threads, out.block_size, out.page_cache
         );
         println!(
             "{} I/Os, {} bytes in {:.3} s: {:.2} GB/s, {:.0} IOPS, latency p50 {:.0} us, p99 {:.0} us; every I/O verified",

@@ -12,13 +12,14 @@ use std::{
 use cudarc::driver::{CudaSlice, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice};
 
 use crate::{
-    compat::{Backend, CompatEngine, CudaBackend, DeviceAllocation, Report, Segment, Source},
+    compat::{Backend, CompatEngine, CudaBackend, DeviceAllocation, Report, Segment, Sink, Source},
     io::{CompatReason, Engine},
     Driver, Errno, Error, File, IoPath, Provider, Reason, RegisterOptions, Registration, Result,
     Transfer, Transport,
 };
 
-/// What [`GpuReader::read`] did: the transfer, and the compat engine's report when it ran.
+/// What [`GpuReader::read`] (or [`GpuReader::write_from`]) did: the transfer, and the compat
+/// engine's report when it ran.
 #[derive(Clone, Debug)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct GpuRead {
@@ -331,6 +332,76 @@ impl GpuReader {
         })
     }
 
+    /// Opens `path` for writes from GPU memory ([`GpuReader::write_from`]), creating it if it
+    /// is missing and emptying it when `truncate`: where the module may serve, an `O_DIRECT`
+    /// descriptor for it, and the compat engine's.
+    pub fn create(&self, path: impl AsRef<Path>, truncate: bool) -> Result<GpuSink> {
+        let path = path.as_ref();
+        let sink = Sink::open(path, true, truncate)?;
+        let direct = match &self.module {
+            Ok(_) => File::open_direct_rw(path).ok(),
+            Err(_) => None,
+        };
+        Ok(GpuSink { sink, direct })
+    }
+
+    /// Writes `len` bytes of `buf` from byte `mem_offset` to `file` at `file_offset`: through
+    /// the module where the file and the memory allow it, the compat engine otherwise (each
+    /// piece copied into a pinned buffer of a worker's, then written `O_DIRECT` where aligned,
+    /// through the page cache otherwise). Work queued on the memory (the kernel that made the
+    /// bytes) finishes first. Nothing is synced: durability is the caller's `fsync`.
+    pub fn write_from<M: GpuMemory + ?Sized>(
+        &self,
+        file: &GpuSink,
+        buf: &mut GpuBuffer<'_, M>,
+        mem_offset: u64,
+        file_offset: u64,
+        len: u64,
+    ) -> Result<GpuRead> {
+        let size = buf.len();
+        if mem_offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(Error::OutOfMemoryRange {
+                offset: mem_offset,
+                len,
+                size,
+            });
+        }
+        let backend = self.engine.backend();
+        let _entered = backend.enter_thread()?;
+        buf.memory.settle(backend)?;
+        let why = match (&buf.reg, &file.direct) {
+            (Ok(reg), Some(direct)) => match direct.write_from(reg, mem_offset, file_offset, len) {
+                Ok(transfer) => {
+                    return Ok(GpuRead {
+                        transfer,
+                        compat: None,
+                    })
+                }
+                Err(Error::IoMisaligned { .. } | Error::NotBlockBacked { .. }) => {
+                    self.mode.allow(CompatReason::Unaligned)?
+                }
+                Err(e) => return Err(e),
+            },
+            (Ok(_), None) => self.mode.allow(CompatReason::Unaligned)?,
+            (Err(why), _) => self.mode.allow(*why)?,
+        };
+        // SAFETY: `buf` holds the memory by `&mut` for the whole call (a cudarc allocation or
+        // view, or a `RawGpuMemory` whose maker vouched for it), the range lies inside it
+        // (checked above), and the work queued on it has finished (`settle`).
+        let r = unsafe {
+            self.engine.write_device_ptr(
+                &file.sink,
+                buf.memory.address() + mem_offset,
+                len,
+                file_offset,
+            )
+        }?;
+        Ok(GpuRead {
+            transfer: compat_transfer(r.bytes, false, why),
+            compat: Some(r),
+        })
+    }
+
     /// Starts reading `len` bytes of `file` from `file_offset` into `memory` at byte
     /// `mem_offset`, and returns at once: the read runs on a thread of its own (several run
     /// at once, sharing the engine's workers) and gives the memory back with its result, from
@@ -474,6 +545,20 @@ impl<M> std::fmt::Debug for PendingRead<M> {
     }
 }
 
+/// A file opened once by [`GpuReader::create`] for any number of writes.
+#[derive(Debug)]
+pub struct GpuSink {
+    sink: Sink,
+    direct: Option<File>,
+}
+
+impl GpuSink {
+    /// The path it was opened from.
+    pub fn path(&self) -> &Path {
+        self.sink.path()
+    }
+}
+
 /// A file opened once by [`GpuReader::open`] for any number of reads.
 #[derive(Debug)]
 pub struct GpuFile {
@@ -524,6 +609,15 @@ impl<M: GpuMemory + ?Sized> GpuBuffer<'_, M> {
         self.memory
     }
 
+    /// The memory, for CUDA work that changes it between reads and writes (filling it with
+    /// what [`GpuReader::write_from`] is to write). Reads and writes are synchronous, so no
+    /// transfer is in flight while this borrow lives. (Replacing the allocation itself leaves
+    /// the registration on the old one: the module reports it revoked once the old one is
+    /// freed, and reads through the compat engine follow the new one.)
+    pub fn memory_mut(&mut self) -> &mut M {
+        self.memory
+    }
+
     /// Its size in bytes.
     pub fn len(&self) -> u64 {
         self.memory.bytes()
@@ -532,11 +626,6 @@ impl<M: GpuMemory + ?Sized> GpuBuffer<'_, M> {
     /// Whether it has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    #[cfg(test)]
-    fn memory_for_test(&mut self) -> &mut M {
-        self.memory
     }
 }
 
@@ -980,6 +1069,80 @@ mod tests {
         }
     }
 
+    /// GPU memory to files: aligned ranges and unaligned ones, at the start, in the middle and
+    /// past the end of the file (which grows), from a slice of `u32` and from a view; the file
+    /// holds exactly those bytes and nothing else changed; a range past the memory is refused
+    /// before the file is touched. Run on a GPU machine:
+    /// `cargo test -p gdirect --features cuda -- --ignored handles`.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn handles_write_gpu_memory_to_files() {
+        use cudarc::driver::CudaContext;
+        let mib = 1usize << 20;
+        let (_, src) = random_file("write-src", 4 * mib, 0x94d0_49bb_1331_11eb);
+        let out = std::env::temp_dir().join(format!("gdirect-write-out-{}", std::process::id()));
+        let _ = std::fs::remove_file(&out);
+        let ctx = CudaContext::new(0).expect("CUDA context");
+        let stream = ctx.default_stream();
+        let engine = CompatEngine::builder()
+            .threads(3)
+            .task_size(1 << 20)
+            .build(CudaBackend::from_context(ctx.clone()))
+            .expect("engine");
+        let reader = GpuReader::new(engine);
+        let words: Vec<u32> = src
+            .chunks(4)
+            .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let mut mem = stream.clone_htod(&words).expect("GPU memory");
+        let sink = reader.create(&out, true).expect("create");
+        assert_eq!(sink.path(), out);
+        let mut want: Vec<u8> = Vec::new();
+        let put = |want: &mut Vec<u8>, at: usize, bytes: &[u8]| {
+            if want.len() < at + bytes.len() {
+                want.resize(at + bytes.len(), 0);
+            }
+            want[at..at + bytes.len()].copy_from_slice(bytes);
+        };
+        {
+            let mut buf = reader.register(&mut mem);
+            // (memory offset, file offset, length)
+            for (mo, fo, len) in [
+                (0, 0, 3 * mib),
+                (mib, 5 * mib + 4096, 2 * mib),
+                (12345, 777, 100_000),
+                (4 * mib - 4096, 3 * mib - 10, 4096),
+            ] {
+                let r = reader
+                    .write_from(&sink, &mut buf, mo as u64, fo as u64, len as u64)
+                    .expect("write");
+                assert_eq!(r.transfer.bytes, len as u64, "{len} bytes at {fo}");
+                put(&mut want, fo, &src[mo..mo + len]);
+            }
+            let before = std::fs::read(&out).expect("read back");
+            let r = reader.write_from(&sink, &mut buf, 4 * mib as u64 - 4096, 0, 8192);
+            assert!(matches!(r, Err(Error::OutOfMemoryRange { .. })), "{r:?}");
+            assert!(
+                std::fs::read(&out).expect("read back") == before,
+                "a refused write wrote"
+            );
+        }
+        {
+            let mut view = mem.slice_mut(mib / 4..mib / 2);
+            let mut buf = reader.register(&mut view);
+            let r = reader
+                .write_from(&sink, &mut buf, 0, 8 * mib as u64, mib as u64)
+                .expect("write from a view");
+            assert_eq!(r.transfer.bytes, mib as u64);
+            put(&mut want, 8 * mib, &src[mib..2 * mib]);
+        }
+        let got = std::fs::read(&out).expect("read back");
+        assert_eq!(got.len(), want.len());
+        let bad = got.iter().zip(&want).position(|(g, w)| g != w);
+        assert_eq!(bad, None, "first wrong byte of the file");
+        let _ = std::fs::remove_file(&out);
+    }
+
     /// Open once, register once, many reads: every range exact, short at the end of the file,
     /// and each transfer saying which engine served it and why (the GPU machines we have run
     /// no module, so the compat engine; a node with the module registers the buffer). Run on a
@@ -1019,9 +1182,7 @@ mod tests {
             (2 * mib, 3 * mib + 12288, 65536, 65536),
             (0, 8 * mib, mib, 0),
         ] {
-            stream
-                .memset_zeros(&mut *buf.memory_for_test())
-                .expect("clear");
+            stream.memset_zeros(&mut *buf.memory_mut()).expect("clear");
             let r = reader
                 .read_into(&file, &mut buf, mo, fo, len)
                 .expect("read");

@@ -9,8 +9,6 @@
 //! file refuses with `EINVAL` is redone buffered, and later ones are buffered. Nothing is
 //! synced: as with `pwrite`, durability is the caller's `fsync`.
 
-#[cfg(feature = "cuda")]
-use std::{ffi::c_void, ptr::NonNull};
 use std::{
     fs::OpenOptions,
     io,
@@ -143,33 +141,21 @@ unsafe fn pwrite_all(
     Ok(())
 }
 
-/// A pinned host buffer of a worker's, for device writes.
+/// A lane of the engine's for one worker of a write (its first staging buffer holds the
+/// device bytes of a piece), back in the engine's pool when dropped: repeated writes, like
+/// reads, pin no new memory.
 #[cfg(feature = "cuda")]
-struct Stage {
-    ptr: NonNull<u8>,
-    len: usize,
+struct PooledLane<'e, B: Backend> {
+    lane: Option<B::Lane>,
+    pool: &'e Mutex<Vec<B::Lane>>,
 }
 
 #[cfg(feature = "cuda")]
-impl Stage {
-    fn new(len: usize) -> Result<Self> {
-        let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: a new allocation of `len` bytes into `p`; the thread's context is current.
-        let r = unsafe { sys::cuMemHostAlloc(&mut p, len, 0) };
-        super::cuda::cuda("cuMemHostAlloc", r)?;
-        let ptr = NonNull::new(p.cast()).ok_or(Error::Cuda {
-            what: "cuMemHostAlloc",
-            error: "a null buffer".into(),
-        })?;
-        Ok(Self { ptr, len })
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl Drop for Stage {
+impl<B: Backend> Drop for PooledLane<'_, B> {
     fn drop(&mut self) {
-        // SAFETY: allocated by `cuMemHostAlloc` in `new`, freed once.
-        let _ = unsafe { sys::cuMemFreeHost(self.ptr.as_ptr().cast()) };
+        if let Some(lane) = self.lane.take() {
+            lock(self.pool).push(lane);
+        }
     }
 }
 
@@ -319,23 +305,35 @@ impl CompatEngine<CudaBackend> {
         len: u64,
         offset: u64,
     ) -> Result<Report> {
+        use super::Lane;
         let task = self.settings.task_size as usize;
         self.write_pieces(
             dst,
             len,
             offset,
-            || Stage::new(task),
-            |stage, off, n| {
-                if n > stage.len {
-                    return Err(Error::Worker {
-                        what: "a write piece larger than its staging buffer",
-                    });
-                }
-                // SAFETY: `n` bytes of the caller's device memory (see the contract) into our
-                // pinned buffer of at least `n`; synchronous, so the bytes are there after it.
-                let r = unsafe { sys::cuMemcpyDtoH_v2(stage.ptr.as_ptr().cast(), src + off, n) };
+            || {
+                let pooled = lock(&self.lanes).pop();
+                let lane = match pooled {
+                    Some(l) => l,
+                    None => self.backend.lane(self.settings.buffers(), task)?,
+                };
+                Ok(PooledLane::<CudaBackend> {
+                    lane: Some(lane),
+                    pool: &self.lanes,
+                })
+            },
+            |pooled, off, n| {
+                let lane = pooled.lane.as_mut().ok_or(Error::Worker {
+                    what: "a write worker without its lane",
+                })?;
+                // A piece is at most a task long: the buffer's capacity.
+                let stage = lane.buffer(0, n)?;
+                // SAFETY: `n` bytes of the caller's device memory (see the contract) into the
+                // lane's pinned buffer of at least `n`; synchronous, so the bytes are there
+                // after it, and nothing else uses the buffer until this worker's next piece.
+                let r = unsafe { sys::cuMemcpyDtoH_v2(stage.as_mut_ptr().cast(), src + off, n) };
                 super::cuda::cuda("cuMemcpyDtoH", r)?;
-                Ok(stage.ptr.as_ptr().cast_const())
+                Ok(stage.as_ptr())
             },
         )
     }
