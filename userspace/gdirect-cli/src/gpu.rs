@@ -34,6 +34,10 @@ pub(crate) struct EngineArgs {
     /// Registered page-cache bytes kept between reads [env: GDIRECT_KEEP_MAPPED; default: 0].
     #[arg(long, value_parser = crate::parse_offset)]
     pub(crate) keep_mapped: Option<u64>,
+    /// Reads smaller than this go to the compat engine without trying the module
+    /// [env: GDIRECT_DIRECT_THRESHOLD; default: 0].
+    #[arg(long, value_parser = crate::parse_offset)]
+    pub(crate) direct_threshold: Option<u64>,
     /// Use the compat engine even when the module is loaded.
     #[arg(long)]
     pub(crate) compat: bool,
@@ -88,6 +92,7 @@ impl EngineArgs {
             || self.staging_size.is_some()
             || self.page_cache.is_some()
             || self.keep_mapped.is_some()
+            || self.direct_threshold.is_some()
             || self.compat
     }
 
@@ -112,6 +117,9 @@ impl EngineArgs {
         }
         if let Some(k) = self.keep_mapped {
             b = b.keep_mapped(k);
+        }
+        if let Some(t) = self.direct_threshold {
+            b = b.direct_threshold(t);
         }
         b
     }

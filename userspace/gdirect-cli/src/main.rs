@@ -923,6 +923,7 @@ mod tests {
         );
         assert!(help("staging_size").contains(&mib(d.staging_size)));
         assert!(help("keep_mapped").contains(&format!("default: {}]", d.keep_mapped)));
+        assert!(help("direct_threshold").contains(&format!("default: {}]", d.direct_threshold)));
         assert!(help("page_cache").contains(&format!("default: {}]", d.page_cache.name())));
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
         assert_eq!(d.threads, threads.clamp(1, 16), "threads: CPUs, at most 16");

@@ -282,6 +282,10 @@ impl GpuReader {
         // The segments for the compat engine, with why the module does not serve each.
         let mut compat = Vec::new();
         for (i, s) in segments.iter().enumerate() {
+            if let Some(why) = self.below_threshold(s.len) {
+                compat.push((i, why));
+                continue;
+            }
             let why = match (&buf.reg, &s.file.direct) {
                 (Ok(reg), Some(direct)) => {
                     match direct.read_into(reg, s.mem_offset, s.file_offset, s.len) {
@@ -332,6 +336,18 @@ impl GpuReader {
         })
     }
 
+    /// `Some` when a transfer of `len` bytes goes to the compat engine without trying the
+    /// module: smaller than the threshold, in a mode that allows the compat engine, where the
+    /// module would be tried.
+    fn below_threshold(&self, len: u64) -> Option<CompatReason> {
+        below_threshold(
+            len,
+            self.engine.settings().direct_threshold,
+            self.mode,
+            self.module.is_ok(),
+        )
+    }
+
     /// Opens `path` for writes from GPU memory ([`GpuReader::write_from`]), creating it if it
     /// is missing and emptying it when `truncate`: where the module may serve, an `O_DIRECT`
     /// descriptor for it, and the compat engine's.
@@ -370,6 +386,7 @@ impl GpuReader {
         let _entered = backend.enter_thread()?;
         buf.memory.settle(backend)?;
         let why = match (&buf.reg, &file.direct) {
+            _ if self.below_threshold(len).is_some() => CompatReason::BelowThreshold,
             (Ok(reg), Some(direct)) => match direct.write_from(reg, mem_offset, file_offset, len) {
                 Ok(transfer) => {
                     return Ok(GpuRead {
@@ -543,6 +560,16 @@ impl<M> std::fmt::Debug for PendingRead<M> {
             .field("done", &self.is_done())
             .finish()
     }
+}
+
+/// [`GpuReader::below_threshold`], for a reader in `mode` whose module is usable or not.
+fn below_threshold(
+    len: u64,
+    threshold: u64,
+    mode: CompatMode,
+    module: bool,
+) -> Option<CompatReason> {
+    (len < threshold && mode == CompatMode::Auto && module).then_some(CompatReason::BelowThreshold)
 }
 
 /// A file opened once by [`GpuReader::create`] for any number of writes.
@@ -1249,6 +1276,24 @@ mod tests {
             readme.contains(&format!("```rust\n{doc}```")),
             "README's GpuReader example differs from the doctest:\n{doc}"
         );
+    }
+
+    #[test]
+    fn only_transfers_below_the_threshold_skip_the_module_and_only_in_auto_mode() {
+        let t = 1 << 20;
+        let below = Some(CompatReason::BelowThreshold);
+        assert_eq!(below_threshold(4096, t, CompatMode::Auto, true), below);
+        assert_eq!(below_threshold(t - 1, t, CompatMode::Auto, true), below);
+        assert_eq!(below_threshold(t, t, CompatMode::Auto, true), None);
+        // 0 (the default) never skips; off never leaves the module; without the module (or
+        // with compat on) the reason is the module's, not the size.
+        assert_eq!(below_threshold(0, 0, CompatMode::Auto, true), None);
+        assert_eq!(below_threshold(4096, t, CompatMode::Off, true), None);
+        assert_eq!(below_threshold(4096, t, CompatMode::Auto, false), None);
+        assert_eq!(below_threshold(4096, t, CompatMode::On, false), None);
+        assert!(Engine::Compat(CompatReason::BelowThreshold)
+            .explain()
+            .contains("GDIRECT_DIRECT_THRESHOLD"));
     }
 
     #[test]

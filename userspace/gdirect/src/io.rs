@@ -271,6 +271,8 @@ pub enum CompatReason {
     Unaligned,
     /// The caller asked for the compat engine.
     Requested,
+    /// The transfer is smaller than the direct threshold (`GDIRECT_DIRECT_THRESHOLD`).
+    BelowThreshold,
 }
 
 impl Engine {
@@ -317,6 +319,7 @@ impl CompatReason {
             Self::Refused(_) => "refused",
             Self::Unaligned => "unaligned",
             Self::Requested => "requested",
+            Self::BelowThreshold => "below_threshold",
         }
     }
 
@@ -347,6 +350,7 @@ impl CompatReason {
                  provider"
                 .into(),
             Self::Requested => "the compat engine was asked for".into(),
+            Self::BelowThreshold => "the transfer is smaller than GDIRECT_DIRECT_THRESHOLD".into(),
         }
     }
 }

@@ -226,6 +226,10 @@ pub struct Settings {
     pub max_piece: u64,
     /// Record each I/O's latency in the [`Report`].
     pub latencies: bool,
+    /// Reads and writes of fewer bytes than this do not try the module: `GpuReader` gives
+    /// them to the compat engine at once (KvikIO's `gds_threshold`; ignored when
+    /// `GDIRECT_COMPAT_MODE=off`). 0, the default, tries the module for every size.
+    pub direct_threshold: u64,
 }
 
 impl Default for Settings {
@@ -239,6 +243,7 @@ impl Default for Settings {
             keep_mapped: 0,
             max_piece: 64 << 20,
             latencies: false,
+            direct_threshold: 0,
         }
     }
 }
@@ -278,6 +283,7 @@ impl Settings {
             ("GDIRECT_TASK_SIZE", &mut self.task_size),
             ("GDIRECT_STAGING_SIZE", &mut self.staging_size),
             ("GDIRECT_KEEP_MAPPED", &mut self.keep_mapped),
+            ("GDIRECT_DIRECT_THRESHOLD", &mut self.direct_threshold),
         ] {
             if let Some(v) = var(name) {
                 *field = parse_size(&v).ok_or_else(|| bad(name, v))?;
@@ -368,6 +374,13 @@ impl Builder {
     pub fn latencies(mut self, on: bool) -> Self {
         self.settings.latencies = on;
         self.overrides.push(|s, o| s.latencies = o.latencies);
+        self
+    }
+    /// Reads and writes smaller than this go to the compat engine without trying the module.
+    pub fn direct_threshold(mut self, bytes: u64) -> Self {
+        self.settings.direct_threshold = bytes;
+        self.overrides
+            .push(|s, o| s.direct_threshold = o.direct_threshold);
         self
     }
 

@@ -496,8 +496,10 @@ fn settings_come_from_defaults_then_environment_then_builder() {
             ("GDIRECT_STAGING_SIZE", "8m"),
             ("GDIRECT_PAGE_CACHE", "buffered"),
             ("GDIRECT_KEEP_MAPPED", "1G"),
+            ("GDIRECT_DIRECT_THRESHOLD", "1M"),
         ]))
         .expect("env");
+    assert_eq!(s.direct_threshold, 1 << 20);
     assert_eq!(
         (s.threads, s.task_size, s.staging_size),
         (7, 2 << 20, 8 << 20)
