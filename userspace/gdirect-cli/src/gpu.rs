@@ -34,8 +34,8 @@ pub(crate) struct EngineArgs {
     /// Registered page-cache bytes kept between reads [env: GDIRECT_KEEP_MAPPED; default: 0].
     #[arg(long, value_parser = crate::parse_offset)]
     pub(crate) keep_mapped: Option<u64>,
-    /// Reads smaller than this go to the compat engine without trying the module
-    /// [env: GDIRECT_DIRECT_THRESHOLD; default: 0].
+    /// Reads and writes smaller than this go to the compat engine without trying the module,
+    /// where GDIRECT_COMPAT_MODE is auto [env: GDIRECT_DIRECT_THRESHOLD; default: 0].
     #[arg(long, value_parser = crate::parse_offset)]
     pub(crate) direct_threshold: Option<u64>,
     /// Use the compat engine even when the module is loaded.
@@ -380,8 +380,9 @@ pub(crate) struct BenchArgs {
     /// once more to compute it.
     #[arg(long, value_parser = parse_hex)]
     pub(crate) reference: Option<u64>,
-    /// Bytes per I/O, a multiple of 4K: each I/O is one read of the library's GPU reader (the
-    /// module where it is loaded, the compat engine otherwise) into a buffer of this size, its bytes compared with the file's after its time is taken [default: the
+    /// Bytes per I/O, a multiple of 4K: each I/O is one read (or, with --write, one write) of
+    /// the library's GPU reader (the module where it is loaded, the compat engine otherwise)
+    /// into (from) a buffer of this size, its bytes compared with the file's after its time is taken [default: the
     /// whole --len in one read, verified by checksum]. Independent of --block-size, the
     /// engine's size of the reads it issues.
     #[arg(long, value_parser = crate::parse_size, conflicts_with = "first")]
@@ -574,7 +575,11 @@ fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
     let ctx = backend.context().clone();
     let engine = args.engine.builder().build(backend).json(json)?;
     let settings = engine.settings().clone();
-    let reader = GpuReader::from_env(engine).json(json)?;
+    let reader = if args.engine.compat {
+        GpuReader::compat_only(engine)
+    } else {
+        GpuReader::from_env(engine).json(json)?
+    };
     let (src, sink) = if args.write {
         (None, Some(reader.create(&args.file, false).json(json)?))
     } else {

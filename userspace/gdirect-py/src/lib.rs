@@ -32,9 +32,10 @@ use pyo3::{
 fn py_err(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
-        Error::OutOfMemoryRange { .. } | Error::BadSetting { .. } | Error::WrongDevice { .. } => {
-            PyValueError::new_err(msg)
-        }
+        Error::OutOfMemoryRange { .. }
+        | Error::BadSetting { .. }
+        | Error::WrongDevice { .. }
+        | Error::StaleBuffer { .. } => PyValueError::new_err(msg),
         Error::Cuda { .. } if e.cuda_error() == Some(CudaError::OutOfMemory) => {
             PyMemoryError::new_err(msg)
         }

@@ -353,6 +353,16 @@ pub enum Error {
         reason: crate::CompatReason,
     },
 
+    /// A registered buffer's memory was replaced (through `GpuBuffer::memory_mut`) since it was
+    /// registered.
+    #[error("the buffer's memory was replaced since it was registered (address {registered:#x}, now {now:#x}): register the new memory")]
+    StaleBuffer {
+        /// The address registered.
+        registered: u64,
+        /// The memory's address now.
+        now: u64,
+    },
+
     /// GPU memory of one CUDA device was given to a reader of another.
     #[error("the memory is on CUDA device {memory} but the reader's engine copies to device {engine}: make the reader with a backend of device {memory}")]
     WrongDevice {
@@ -420,6 +430,7 @@ impl Error {
             Self::Cuda { .. } => ErrorKind::Cuda,
             Self::Worker { .. } => ErrorKind::Worker,
             Self::WrongDevice { .. } => ErrorKind::WrongDevice,
+            Self::StaleBuffer { .. } => ErrorKind::StaleBuffer,
             Self::CompatModeOff { .. } => ErrorKind::CompatModeOff,
             Self::Ioctl { .. } => ErrorKind::Ioctl,
         }
@@ -451,6 +462,7 @@ impl Error {
             Self::Cuda { .. } | Self::Worker { .. } => None,
             Self::CompatModeOff { .. } => Some(Errno::EOPNOTSUPP),
             Self::WrongDevice { .. } => Some(Errno::EXDEV),
+            Self::StaleBuffer { .. } => Some(Errno::ESTALE),
             Self::NotDirect { .. } => Some(Errno::EBADFD),
             Self::BadFile { .. } => Some(Errno::EBADF),
             Self::IoMisaligned { .. } => Some(Errno::ERANGE),
@@ -588,6 +600,8 @@ pub enum ErrorKind {
     Worker,
     /// GPU memory of another device than the reader's ([`Error::WrongDevice`]).
     WrongDevice,
+    /// A registered buffer's memory was replaced ([`Error::StaleBuffer`]).
+    StaleBuffer,
     /// The module cannot serve a read and compat mode is off ([`Error::CompatModeOff`]).
     CompatModeOff,
     /// An ioctl failed ([`Error::Ioctl`]).
@@ -632,6 +646,7 @@ impl ErrorKind {
             Self::Cuda => "cuda",
             Self::Worker => "worker",
             Self::WrongDevice => "wrong_device",
+            Self::StaleBuffer => "stale_buffer",
             Self::CompatModeOff => "compat_mode_off",
             Self::Ioctl => "ioctl",
         }

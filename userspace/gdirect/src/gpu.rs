@@ -225,7 +225,8 @@ impl GpuReader {
                 }
             }
         };
-        GpuBuffer { memory, reg }
+        let at = (memory.address(), memory.bytes());
+        GpuBuffer { memory, reg, at }
     }
 
     /// Reads `len` bytes of `file` from `file_offset` into `buf` at byte `mem_offset`: through
@@ -264,6 +265,7 @@ impl GpuReader {
         buf: &mut GpuBuffer<'_, M>,
         segments: &[GpuSegment<'_>],
     ) -> Result<GpuReadVectored> {
+        buf.check()?;
         let size = buf.len();
         for s in segments {
             if s.mem_offset.checked_add(s.len).is_none_or(|end| end > size) {
@@ -278,15 +280,26 @@ impl GpuReader {
         let backend = self.engine.backend();
         let _entered = backend.enter_thread()?;
         buf.memory.settle(backend)?;
+        if self.mode == CompatMode::Off {
+            // Refused before any segment moves, where it is known now that the module
+            // cannot serve one.
+            for s in segments {
+                let why = match (&buf.reg, &s.file.direct) {
+                    (Err(why), _) => *why,
+                    (Ok(_), None) => CompatReason::Unaligned,
+                    (Ok(_), Some(_)) => continue,
+                };
+                return Err(Error::CompatModeOff { reason: why });
+            }
+        }
         let mut transfers: Vec<Option<Transfer>> = vec![None; segments.len()];
         // The segments for the compat engine, with why the module does not serve each.
         let mut compat = Vec::new();
         for (i, s) in segments.iter().enumerate() {
-            if let Some(why) = self.below_threshold(s.len) {
-                compat.push((i, why));
-                continue;
-            }
             let why = match (&buf.reg, &s.file.direct) {
+                (Ok(_), Some(_)) if self.below_threshold(s.len).is_some() => {
+                    CompatReason::BelowThreshold
+                }
                 (Ok(reg), Some(direct)) => {
                     match direct.read_into(reg, s.mem_offset, s.file_offset, s.len) {
                         Ok(t) => {
@@ -374,6 +387,7 @@ impl GpuReader {
         file_offset: u64,
         len: u64,
     ) -> Result<GpuRead> {
+        buf.check()?;
         let size = buf.len();
         if mem_offset.checked_add(len).is_none_or(|end| end > size) {
             return Err(Error::OutOfMemoryRange {
@@ -386,7 +400,7 @@ impl GpuReader {
         let _entered = backend.enter_thread()?;
         buf.memory.settle(backend)?;
         let why = match (&buf.reg, &file.direct) {
-            _ if self.below_threshold(len).is_some() => CompatReason::BelowThreshold,
+            (Ok(_), Some(_)) if self.below_threshold(len).is_some() => CompatReason::BelowThreshold,
             (Ok(reg), Some(direct)) => match direct.write_from(reg, mem_offset, file_offset, len) {
                 Ok(transfer) => {
                     return Ok(GpuRead {
@@ -436,6 +450,7 @@ impl GpuReader {
             slot: Mutex::new(Slot {
                 done: None,
                 waker: None,
+                taken: false,
             }),
             ready: Condvar::new(),
         });
@@ -515,6 +530,8 @@ struct Shared<M> {
 struct Slot<M> {
     done: Option<(M, Result<GpuRead>)>,
     waker: Option<Waker>,
+    /// The result was handed out (a `Future` polled after it was ready).
+    taken: bool,
 }
 
 impl<M> PendingRead<M> {
@@ -524,12 +541,17 @@ impl<M> PendingRead<M> {
     }
 
     /// Waits for the read to end: the memory, and what the read did.
+    ///
+    /// # Panics
+    ///
+    /// If the read's result was already taken by polling it as a future to completion.
     pub fn wait(self) -> (M, Result<GpuRead>) {
         let mut slot = lock(&self.shared.slot);
         loop {
             if let Some(done) = slot.done.take() {
                 return done;
             }
+            assert!(!slot.taken, "PendingRead::wait after its future completed");
             slot = self
                 .shared
                 .ready
@@ -545,7 +567,12 @@ impl<M> std::future::Future for PendingRead<M> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut slot = lock(&self.shared.slot);
         match slot.done.take() {
-            Some(done) => Poll::Ready(done),
+            Some(done) => {
+                slot.taken = true;
+                Poll::Ready(done)
+            }
+            // As futures may: a future polled again after it completed panics.
+            None if slot.taken => panic!("PendingRead polled after it completed"),
             None => {
                 slot.waker = Some(cx.waker().clone());
                 Poll::Pending
@@ -622,6 +649,9 @@ impl GpuFile {
 pub struct GpuBuffer<'a, M: GpuMemory + ?Sized = CudaSlice<u8>> {
     memory: &'a mut M,
     reg: std::result::Result<Registration<'a>, CompatReason>,
+    /// The address and length registered: reads and writes refuse memory that is no longer
+    /// that (replaced through [`GpuBuffer::memory_mut`]).
+    at: (u64, u64),
 }
 
 impl<M: GpuMemory + ?Sized> GpuBuffer<'_, M> {
@@ -638,11 +668,24 @@ impl<M: GpuMemory + ?Sized> GpuBuffer<'_, M> {
 
     /// The memory, for CUDA work that changes it between reads and writes (filling it with
     /// what [`GpuReader::write_from`] is to write). Reads and writes are synchronous, so no
-    /// transfer is in flight while this borrow lives. (Replacing the allocation itself leaves
-    /// the registration on the old one: the module reports it revoked once the old one is
-    /// freed, and reads through the compat engine follow the new one.)
+    /// transfer is in flight while this borrow lives. Replacing the memory itself (with
+    /// `std::mem::replace`) makes every later read and write of the buffer
+    /// [`Error::StaleBuffer`]: the registration is the old memory's, which the caller owns
+    /// again.
     pub fn memory_mut(&mut self) -> &mut M {
         self.memory
+    }
+
+    /// `Err` when the memory is no longer the one registered.
+    fn check(&self) -> Result<()> {
+        let now = (self.memory.address(), self.memory.bytes());
+        if now == self.at {
+            return Ok(());
+        }
+        Err(Error::StaleBuffer {
+            registered: self.at.0,
+            now: now.0,
+        })
     }
 
     /// Its size in bytes.
@@ -688,8 +731,10 @@ pub trait GpuMemory: private::Target {}
 impl<T: private::Target + ?Sized> GpuMemory for T {}
 
 /// Device memory that another library allocated (a PyTorch tensor's, a CuPy array's), known
-/// by its address and length, as a [`GpuReader`] destination.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// by its address and length, as a [`GpuReader`] destination. Neither `Copy` nor `Clone`: the
+/// value stands for the caller's exclusive use of the memory, which [`RawGpuMemory::new`]'s
+/// contract promises.
+#[derive(Debug, PartialEq, Eq)]
 pub struct RawGpuMemory {
     ptr: u64,
     len: u64,
@@ -737,6 +782,7 @@ impl RawGpuMemory {
 
 mod private {
     use super::*;
+    use crate::compat::cuda_err;
 
     pub trait Sealed {}
 
@@ -769,10 +815,9 @@ mod private {
         // The stream waits for every earlier use of the memory (cudarc's events), then the
         // host waits for the stream.
         drop(mem.device_ptr_mut(&stream));
-        stream.synchronize().map_err(|e| Error::Cuda {
-            what: "synchronizing the destination's stream",
-            error: format!("{e:?}"),
-        })
+        stream
+            .synchronize()
+            .map_err(|e| cuda_err("synchronizing the destination's stream", e))
     }
 
     impl<T: Plain> Target for CudaSlice<T> {
@@ -1242,6 +1287,14 @@ mod tests {
             ),
             "{r:?}"
         );
+        // Memory swapped under the registration is refused, old and new untouched.
+        let other = stream.alloc_zeros::<u8>(4 << 20).expect("GPU memory");
+        let old = std::mem::replace(buf.memory_mut(), other);
+        let r = reader.read_into(&file, &mut buf, 0, 0, 4096);
+        assert!(matches!(r, Err(Error::StaleBuffer { .. })), "{r:?}");
+        let back = stream.clone_dtoh(buf.memory()).expect("copy back");
+        assert!(back.iter().all(|&b| b == 0), "the new memory was written");
+        drop(old);
         drop(buf);
         let _ = std::fs::remove_file(&path);
     }

@@ -17,7 +17,7 @@ pub(super) fn cuda(what: &'static str, r: CUresult) -> Result<()> {
     r.result().map_err(|e| cuda_err(what, e))
 }
 
-fn cuda_err(what: &'static str, e: DriverError) -> Error {
+pub(crate) fn cuda_err(what: &'static str, e: DriverError) -> Error {
     Error::Cuda {
         what,
         error: e

@@ -37,6 +37,8 @@ use std::{
 };
 
 #[cfg(feature = "cuda")]
+pub(crate) use cuda::cuda_err;
+#[cfg(feature = "cuda")]
 pub use cuda::{device_count, driver_present, CudaBackend, DeviceAllocation};
 pub use host::HostBackend;
 pub use source::Source;
@@ -376,7 +378,8 @@ impl Builder {
         self.overrides.push(|s, o| s.latencies = o.latencies);
         self
     }
-    /// Reads and writes smaller than this go to the compat engine without trying the module.
+    /// Reads and writes smaller than this go to the compat engine without trying the module
+    /// (in `GDIRECT_COMPAT_MODE=auto` only).
     pub fn direct_threshold(mut self, bytes: u64) -> Self {
         self.settings.direct_threshold = bytes;
         self.overrides
