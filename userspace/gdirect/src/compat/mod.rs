@@ -968,46 +968,45 @@ impl<B: Backend> CompatEngine<B> {
             failed: AtomicBool::new(false),
         };
         if workers > 0 {
-            let mut lanes: Vec<Option<B::Lane>> = {
-                let mut pool = lock(&self.lanes);
-                (0..workers).map(|_| pool.pop()).collect()
-            };
             let shared = &job;
+            // Each worker takes a lane from the pool when it starts and puts it back when it
+            // ends (its copies finished), not when the whole read does: reads at once
+            // (asynchronous ones) share the engine's threads, so no more lanes (pinned
+            // staging) than threads are ever in use, and the pool stays that size.
             let results = self
                 .on_workers(
-                    lanes
-                        .drain(..)
-                        .map(|lane| move || self.worker(shared, lane))
+                    (0..workers)
+                        .map(|_| {
+                            move || {
+                                // (Its own statement: the pool's lock is not held while the
+                                // worker runs.)
+                                let lane = lock(&self.lanes).pop();
+                                let (lane, r) = self.worker(shared, lane);
+                                lock(&self.lanes).extend(lane);
+                                r
+                            }
+                        })
                         .collect(),
                 )
                 .into_iter()
                 .map(|r| {
-                    r.unwrap_or_else(|| {
-                        (
-                            None,
-                            Err(Error::Worker {
-                                what: "a compat worker panicked",
-                            }),
-                        )
-                    })
+                    r.unwrap_or(Err(Error::Worker {
+                        what: "a compat worker panicked",
+                    }))
                 });
             let mut first_err = None;
-            {
-                let mut pool = lock(&self.lanes);
-                for (lane, r) in results {
-                    pool.extend(lane);
-                    match r {
-                        Ok(t) => {
-                            report.direct_bytes += t.direct;
-                            report.buffered_bytes += t.buffered;
-                            report.mapped_bytes += t.mapped;
-                            report.registered_bytes += t.registered;
-                            report.ios += t.ios;
-                            report.latencies_ns.extend(t.latencies);
-                        }
-                        Err(e) => {
-                            first_err.get_or_insert(e);
-                        }
+            for r in results {
+                match r {
+                    Ok(t) => {
+                        report.direct_bytes += t.direct;
+                        report.buffered_bytes += t.buffered;
+                        report.mapped_bytes += t.mapped;
+                        report.registered_bytes += t.registered;
+                        report.ios += t.ios;
+                        report.latencies_ns.extend(t.latencies);
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
                     }
                 }
             }

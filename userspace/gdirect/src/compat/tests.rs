@@ -52,6 +52,37 @@ impl TempFile {
     }
 }
 
+#[test]
+fn reads_at_once_share_the_engines_threads_and_lanes() {
+    let f = TempFile::new("lanes", 4 << 20, 14);
+    let src = Source::open(&f.path).expect("open");
+    let e = engine(3, 128 << 10, PageCache::Direct);
+    // Five callers at once, each with reads of 3 workers: they queue on the 3 threads, and a
+    // worker takes its lane (pinned staging, for CUDA) only when it runs.
+    std::thread::scope(|s| {
+        for c in 0..5u64 {
+            let (e, f, src) = (&e, &f, &src);
+            s.spawn(move || {
+                for k in 0..4u64 {
+                    check_read(e, f, src, (c * 4 + k) * 4096, 2 << 20);
+                }
+            });
+        }
+    });
+    let lanes = lock(&e.lanes).len();
+    assert!((1..=3).contains(&lanes), "{lanes} lanes for 3 threads");
+    // And one read's workers run at once (a lock held across a worker would serialise them:
+    // it once did, and reads ran at one thread's speed): reads that take 30 ms each overlap.
+    let mut input = Faulty::new(&src);
+    input.delay = Some(std::time::Duration::from_millis(30));
+    let mut mem = vec![0u8; 3 << 20];
+    let r = faulty_read(&e, &input, &mut mem, 0, 3 << 20).expect("read");
+    assert_eq!(r.bytes, 3 << 20);
+    assert!(mem[..] == f.data[..3 << 20]);
+    let most = input.most_at_once.load(Ordering::SeqCst);
+    assert!(most >= 2, "at most {most} of 3 workers read at once");
+}
+
 impl Drop for TempFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
@@ -236,6 +267,10 @@ struct Faulty<'a> {
     einval: bool,
     direct_failed: AtomicBool,
     reads: AtomicU64,
+    /// Each read takes at least this long, and the most reads at once are counted.
+    delay: Option<std::time::Duration>,
+    at_once: AtomicU64,
+    most_at_once: AtomicU64,
 }
 
 impl Faulty<'_> {
@@ -250,6 +285,9 @@ impl Faulty<'_> {
             einval: false,
             direct_failed: AtomicBool::new(false),
             reads: AtomicU64::new(0),
+            delay: None,
+            at_once: AtomicU64::new(0),
+            most_at_once: AtomicU64::new(0),
         }
     }
 }
@@ -276,6 +314,12 @@ impl Input for Faulty<'_> {
     }
     fn read_at(&self, buf: &mut [u8], off: u64, how: How) -> io::Result<usize> {
         self.reads.fetch_add(1, Ordering::Relaxed);
+        if let Some(d) = self.delay {
+            let now = self.at_once.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_at_once.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(d);
+            self.at_once.fetch_sub(1, Ordering::SeqCst);
+        }
         if self.einval && how == How::Direct {
             return Err(io::Error::from_raw_os_error(nix::libc::EINVAL));
         }
