@@ -7,7 +7,7 @@
 //!
 //! Each open file has one [`Batches`], shared with its transfers in flight, so that a transfer
 //! can complete after the file is closed (its completion is then simply dropped). Transfers run
-//! synchronously, each on a worker of the module's own unbound workqueue ([`IoQueue`]), which
+//! synchronously, each on a worker of the module's own per-CPU workqueue ([`IoQueue`]), which
 //! the module destroys at unload: that drains every transfer before the module's code goes.
 //!
 //! Notification: an eventfd the caller registers is signalled once per completion; see the
@@ -35,8 +35,11 @@ use crate::{
 
 unsafe extern "C" {
     /// `alloc_workqueue()` (a macro in C; `shim.c`).
-    fn gdirect_alloc_workqueue(name: *const u8, max_active: i32)
-        -> *mut bindings::workqueue_struct;
+    fn gdirect_alloc_workqueue(
+        name: *const u8,
+        flags: u32,
+        max_active: i32,
+    ) -> *mut bindings::workqueue_struct;
 }
 
 kernel::sync::global_lock! {
@@ -61,10 +64,17 @@ impl IoQueue {
     pub(crate) fn new(max_active: u32) -> Result<Self> {
         // SAFETY: called once, from the module's init, before anything uses `QUEUE`.
         unsafe { QUEUE.init() };
+        // Per CPU: a transfer runs on a worker of the CPU that submitted it, from that CPU's
+        // concurrency-managed pool, which starts another worker whenever one sleeps on its
+        // I/O. Transfers mostly wait for the device, so this keeps as many in flight as an
+        // unbound queue would, without waking a worker on another CPU for each one (measured
+        // in the rig against an unbound queue: BENCHMARKS.md, and the commit that made it).
+        let flags = bindings::wq_flags_WQ_PERCPU;
         // SAFETY: a static, NUL-terminated name; the flags and limit are valid.
         let wq = unsafe {
             gdirect_alloc_workqueue(
                 c"gdirect_io".as_ptr().cast(),
+                flags,
                 max_active.clamp(1, 512) as i32,
             )
         };

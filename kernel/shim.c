@@ -147,10 +147,12 @@ void *gdirect_page_address(struct page *page)
 	return page_address(page);
 }
 
-struct workqueue_struct *gdirect_alloc_workqueue(const char *name, int max_active);
-struct workqueue_struct *gdirect_alloc_workqueue(const char *name, int max_active)
+struct workqueue_struct *gdirect_alloc_workqueue(const char *name, unsigned int flags,
+						int max_active);
+struct workqueue_struct *gdirect_alloc_workqueue(const char *name, unsigned int flags,
+						int max_active)
 {
-	return alloc_workqueue("%s", WQ_UNBOUND, max_active, name);
+	return alloc_workqueue("%s", flags, max_active, name);
 }
 
 /* dev: struct device */
