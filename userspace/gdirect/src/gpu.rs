@@ -265,21 +265,14 @@ impl GpuReader {
         buf: &mut GpuBuffer<'_, M>,
         segments: &[GpuSegment<'_>],
     ) -> Result<GpuReadVectored> {
-        buf.check()?;
         let size = buf.len();
         for s in segments {
-            if s.mem_offset.checked_add(s.len).is_none_or(|end| end > size) {
-                return Err(Error::OutOfMemoryRange {
-                    offset: s.mem_offset,
-                    len: s.len,
-                    size,
-                });
-            }
+            in_range(s.mem_offset, s.len, size)?;
         }
         crate::compat::disjoint(segments.iter().map(|s| (s.mem_offset, s.len)))?;
         let backend = self.engine.backend();
         let _entered = backend.enter_thread()?;
-        buf.memory.settle(backend)?;
+        let address = buf.prepare(backend)?;
         if self.mode == CompatMode::Off {
             // Refused before any segment moves, where it is known now that the module
             // cannot serve one.
@@ -296,27 +289,14 @@ impl GpuReader {
         // The segments for the compat engine, with why the module does not serve each.
         let mut compat = Vec::new();
         for (i, s) in segments.iter().enumerate() {
-            let why = match (&buf.reg, &s.file.direct) {
-                (Ok(_), Some(_)) if self.below_threshold(s.len).is_some() => {
-                    CompatReason::BelowThreshold
-                }
-                (Ok(reg), Some(direct)) => {
-                    match direct.read_into(reg, s.mem_offset, s.file_offset, s.len) {
-                        Ok(t) => {
-                            transfers[i] = Some(t);
-                            continue;
-                        }
-                        Err(Error::IoMisaligned { .. } | Error::NotBlockBacked { .. }) => {
-                            self.mode.allow(CompatReason::Unaligned)?
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-                // The module serves but the file has no direct I/O.
-                (Ok(_), None) => self.mode.allow(CompatReason::Unaligned)?,
-                (Err(why), _) => self.mode.allow(*why)?,
-            };
-            compat.push((i, why));
+            let module =
+                self.through_module(&buf.reg, s.file.direct.as_ref(), s.len, |reg, f| {
+                    f.read_into(reg, s.mem_offset, s.file_offset, s.len)
+                })?;
+            match module {
+                Ok(t) => transfers[i] = Some(t),
+                Err(why) => compat.push((i, why)),
+            }
         }
         let mut report = None;
         if !compat.is_empty() {
@@ -332,7 +312,7 @@ impl GpuReader {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let ptrs = vec![(buf.memory.address(), size); segs.len()];
+            let ptrs = vec![(address, size); segs.len()];
             // SAFETY: `buf` holds the memory by `&mut` (a cudarc allocation or view, or a
             // `RawGpuMemory` whose maker vouched for it) for the whole call, so it stays
             // allocated and nothing else reaches it; the work queued on it has finished
@@ -347,6 +327,33 @@ impl GpuReader {
             transfers: transfers.into_iter().flatten().collect(),
             compat: report,
         })
+    }
+
+    /// A transfer of `len` bytes through the module (`io`) where the registration, the file
+    /// and the size allow it: `Ok(Ok(transfer))`; `Ok(Err(why))` when the compat engine is to
+    /// do it instead (as the mode permits: off makes that an error); a failure of the module's
+    /// own is the error.
+    fn through_module(
+        &self,
+        reg: &std::result::Result<Registration<'_>, CompatReason>,
+        direct: Option<&File>,
+        len: u64,
+        io: impl FnOnce(&Registration<'_>, &File) -> Result<Transfer>,
+    ) -> Result<std::result::Result<Transfer, CompatReason>> {
+        let why = match (reg, direct) {
+            (Ok(_), Some(_)) if self.below_threshold(len).is_some() => CompatReason::BelowThreshold,
+            (Ok(reg), Some(f)) => match io(reg, f) {
+                Ok(t) => return Ok(Ok(t)),
+                Err(Error::IoMisaligned { .. } | Error::NotBlockBacked { .. }) => {
+                    self.mode.allow(CompatReason::Unaligned)?
+                }
+                Err(e) => return Err(e),
+            },
+            // The module serves but the file has no direct I/O.
+            (Ok(_), None) => self.mode.allow(CompatReason::Unaligned)?,
+            (Err(why), _) => self.mode.allow(*why)?,
+        };
+        Ok(Err(why))
     }
 
     /// `Some` when a transfer of `len` bytes goes to the compat engine without trying the
@@ -387,45 +394,28 @@ impl GpuReader {
         file_offset: u64,
         len: u64,
     ) -> Result<GpuRead> {
-        buf.check()?;
-        let size = buf.len();
-        if mem_offset.checked_add(len).is_none_or(|end| end > size) {
-            return Err(Error::OutOfMemoryRange {
-                offset: mem_offset,
-                len,
-                size,
-            });
-        }
+        in_range(mem_offset, len, buf.len())?;
         let backend = self.engine.backend();
         let _entered = backend.enter_thread()?;
-        buf.memory.settle(backend)?;
-        let why = match (&buf.reg, &file.direct) {
-            (Ok(_), Some(_)) if self.below_threshold(len).is_some() => CompatReason::BelowThreshold,
-            (Ok(reg), Some(direct)) => match direct.write_from(reg, mem_offset, file_offset, len) {
-                Ok(transfer) => {
-                    return Ok(GpuRead {
-                        transfer,
-                        compat: None,
-                    })
-                }
-                Err(Error::IoMisaligned { .. } | Error::NotBlockBacked { .. }) => {
-                    self.mode.allow(CompatReason::Unaligned)?
-                }
-                Err(e) => return Err(e),
-            },
-            (Ok(_), None) => self.mode.allow(CompatReason::Unaligned)?,
-            (Err(why), _) => self.mode.allow(*why)?,
+        let address = buf.prepare(backend)?;
+        let module = self.through_module(&buf.reg, file.direct.as_ref(), len, |reg, f| {
+            f.write_from(reg, mem_offset, file_offset, len)
+        })?;
+        let why = match module {
+            Ok(transfer) => {
+                return Ok(GpuRead {
+                    transfer,
+                    compat: None,
+                })
+            }
+            Err(why) => why,
         };
         // SAFETY: `buf` holds the memory by `&mut` for the whole call (a cudarc allocation or
         // view, or a `RawGpuMemory` whose maker vouched for it), the range lies inside it
         // (checked above), and the work queued on it has finished (`settle`).
         let r = unsafe {
-            self.engine.write_device_ptr(
-                &file.sink,
-                buf.memory.address() + mem_offset,
-                len,
-                file_offset,
-            )
+            self.engine
+                .write_device_ptr(&file.sink, address + mem_offset, len, file_offset)
         }?;
         Ok(GpuRead {
             transfer: compat_transfer(r.bytes, false, why),
@@ -676,16 +666,17 @@ impl<M: GpuMemory + ?Sized> GpuBuffer<'_, M> {
         self.memory
     }
 
-    /// `Err` when the memory is no longer the one registered.
-    fn check(&self) -> Result<()> {
-        let now = (self.memory.address(), self.memory.bytes());
-        if now == self.at {
-            return Ok(());
+    /// Readies the memory for a transfer by `backend`'s engine (on its GPU, the work queued on
+    /// it finished) and returns its address; `Err` when it is no longer the memory registered.
+    fn prepare(&mut self, backend: &CudaBackend) -> Result<u64> {
+        let now = (self.memory.settle(backend)?, self.memory.bytes());
+        if now != self.at {
+            return Err(Error::StaleBuffer {
+                registered: self.at.0,
+                now: now.0,
+            });
         }
-        Err(Error::StaleBuffer {
-            registered: self.at.0,
-            now: now.0,
-        })
+        Ok(now.0)
     }
 
     /// Its size in bytes.
@@ -794,10 +785,12 @@ mod private {
         fn address(&self) -> u64;
         /// The CUDA device it is on.
         fn ordinal(&self) -> usize;
-        /// Waits until the work queued on it has finished (the backend's context is current).
-        fn wait_queued(&mut self, backend: &CudaBackend) -> Result<()>;
-        /// Readies it for a read by `backend`'s engine: on its device, nothing queued on it.
-        fn settle(&mut self, backend: &CudaBackend) -> Result<()> {
+        /// Waits until the work queued on it has finished (the backend's context is current);
+        /// its address.
+        fn wait_queued(&mut self, backend: &CudaBackend) -> Result<u64>;
+        /// Readies it for a transfer by `backend`'s engine (on its device, nothing queued on
+        /// it); its address.
+        fn settle(&mut self, backend: &CudaBackend) -> Result<u64> {
             let engine = backend.context().ordinal();
             if self.ordinal() != engine {
                 return Err(Error::WrongDevice {
@@ -810,14 +803,15 @@ mod private {
     }
 
     /// Waits for the work on `stream` and on the streams whose use of `mem` cudarc tracks.
-    fn settle_slice<T, S: DevicePtrMut<T>>(mem: &mut S) -> Result<()> {
+    fn settle_slice<T, S: DevicePtrMut<T>>(mem: &mut S) -> Result<u64> {
         let stream = mem.stream().clone();
         // The stream waits for every earlier use of the memory (cudarc's events), then the
         // host waits for the stream.
-        drop(mem.device_ptr_mut(&stream));
+        let (ptr, _written) = mem.device_ptr_mut(&stream);
         stream
             .synchronize()
-            .map_err(|e| cuda_err("synchronizing the destination's stream", e))
+            .map_err(|e| cuda_err("synchronizing the destination's stream", e))?;
+        Ok(ptr)
     }
 
     impl<T: Plain> Target for CudaSlice<T> {
@@ -830,7 +824,7 @@ mod private {
         fn ordinal(&self) -> usize {
             CudaSlice::ordinal(self)
         }
-        fn wait_queued(&mut self, _: &CudaBackend) -> Result<()> {
+        fn wait_queued(&mut self, _: &CudaBackend) -> Result<u64> {
             settle_slice(self)
         }
     }
@@ -845,7 +839,7 @@ mod private {
         fn ordinal(&self) -> usize {
             DeviceSlice::stream(self).context().ordinal()
         }
-        fn wait_queued(&mut self, _: &CudaBackend) -> Result<()> {
+        fn wait_queued(&mut self, _: &CudaBackend) -> Result<u64> {
             settle_slice(self)
         }
     }
@@ -860,10 +854,19 @@ mod private {
         fn ordinal(&self) -> usize {
             self.ordinal
         }
-        fn wait_queued(&mut self, backend: &CudaBackend) -> Result<()> {
+        fn wait_queued(&mut self, backend: &CudaBackend) -> Result<u64> {
             // The stream that last used it is not known: all of the context's work.
-            backend.synchronize()
+            backend.synchronize()?;
+            Ok(self.ptr)
         }
+    }
+}
+
+/// `Ok` when `len` bytes at `offset` lie inside memory of `size` bytes.
+fn in_range(offset: u64, len: u64, size: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(Error::OutOfMemoryRange { offset, len, size }),
     }
 }
 
