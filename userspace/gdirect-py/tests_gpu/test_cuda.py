@@ -230,3 +230,107 @@ def test_a_dlpack_device_source_and_a_read_only_file(tmp_path):
     assert path.read_bytes() == cupy.asnumpy(arr).tobytes()
     with pytest.raises(OSError, match="not open for writing"):
         gdirect.File(path).write(arr)
+
+
+# Writes are ordered after the work queued on their source: the file gets the bytes that work
+# leaves, on whatever stream it runs. Each source starts as poison (0xA5) and is filled by a copy
+# queued behind a kernel that spins for a while, so a write that did not wait would copy poison.
+WRITE = 16 * 1024 * 1024
+SPIN = 400_000_000  # GPU clock cycles: a fifth of a second or more on an H200
+
+
+def _queued_fill(dest, src):
+    """On the current stream: a kernel that spins, then the copy of ``src`` into ``dest``."""
+    torch.cuda._sleep(SPIN)
+    dest.copy_(src)
+
+
+def _poisoned():
+    t = torch.full((WRITE,), 0xA5, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    return t
+
+
+def _assert_file_holds(path, want):
+    got = np.frombuffer(path.read_bytes(), dtype=np.uint8)
+    want = want.numpy()
+    assert got.size == want.size
+    right = int((got == want).sum())
+    assert right == want.size, f"{right} of {want.size} bytes written right"
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["after-the-block", "inside-the-block"])
+def test_a_write_waits_for_a_side_stream(tmp_path, data_file, inside):
+    _, data = data_file
+    want = data[:WRITE]
+    src = want.to("cuda:0")
+    t = _poisoned()
+    side = torch.cuda.Stream()
+    path = tmp_path / "side.bin"
+    with torch.cuda.stream(side):
+        _queued_fill(t, src)
+        if inside:  # the side stream is PyTorch's current stream here
+            gdirect.File(path, "w").write(t)
+    if not inside:  # the default stream is current again; the fill may still be queued
+        gdirect.File(path, "w").write(t)
+    _assert_file_holds(path, want)
+
+
+def test_a_write_waits_for_the_default_stream(tmp_path, data_file):
+    _, data = data_file
+    want = data[WRITE : 2 * WRITE]
+    src = want.to("cuda:0")
+    t = _poisoned()
+    _queued_fill(t, src)
+    path = tmp_path / "default.bin"
+    gdirect.File(path, "w").write(t, size=WRITE)
+    _assert_file_holds(path, want)
+
+
+def test_a_write_waits_for_another_librarys_stream(tmp_path, data_file):
+    """A stream CuPy made (non-blocking), on which the fill is queued: not PyTorch's."""
+    cupy = pytest.importorskip("cupy")
+    _, data = data_file
+    want = data[:WRITE]
+    src = want.to("cuda:0")
+    t = _poisoned()
+    theirs = cupy.cuda.Stream(non_blocking=True)
+    with torch.cuda.stream(torch.cuda.ExternalStream(theirs.ptr)):
+        _queued_fill(t, src)
+    path = tmp_path / "cupy-stream.bin"
+    gdirect.File(path, "w").write(t)
+    _assert_file_holds(path, want)
+
+
+def test_a_write_waits_for_a_cuda_graph(tmp_path, data_file):
+    _, data = data_file
+    want = data[2 * WRITE : 3 * WRITE]
+    src = want.to("cuda:0")
+    t = _poisoned()
+    graph = torch.cuda.CUDAGraph()
+    capture = torch.cuda.Stream()
+    with torch.cuda.stream(capture), torch.cuda.graph(graph, stream=capture):
+        _queued_fill(t, src)
+    torch.cuda.synchronize()
+    t.fill_(0xA5)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        graph.replay()
+    path = tmp_path / "graph.bin"
+    gdirect.File(path, "w").write(t)
+    _assert_file_holds(path, want)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a second CUDA GPU")
+def test_a_write_waits_for_a_stream_of_the_sources_gpu_not_the_current_one(tmp_path, data_file):
+    _, data = data_file
+    want = data[:WRITE]
+    src = want.to("cuda:1")
+    t = torch.full((WRITE,), 0xA5, dtype=torch.uint8, device="cuda:1")
+    torch.cuda.synchronize("cuda:1")
+    with torch.cuda.device(1), torch.cuda.stream(torch.cuda.Stream("cuda:1")):
+        _queued_fill(t, src)
+    path = tmp_path / "gpu1.bin"
+    with torch.cuda.device(0):
+        gdirect.File(path, "w").write(t)
+    _assert_file_holds(path, want)

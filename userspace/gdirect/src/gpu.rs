@@ -415,7 +415,7 @@ impl GpuReader {
         // (checked above), and the work queued on it has finished (`settle`).
         let r = unsafe {
             self.engine
-                .write_device_ptr(&file.sink, address + mem_offset, len, file_offset)
+                .write_device_ptr_settled(&file.sink, address + mem_offset, len, file_offset)
         }?;
         Ok(GpuRead {
             transfer: compat_transfer(r.bytes, false, why),

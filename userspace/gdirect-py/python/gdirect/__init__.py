@@ -293,7 +293,13 @@ class File:
         anything ``read`` takes, and read-only buffers (``bytes``) too. The file must be open
         with mode ``"r+"`` or ``"w"`` (else ``OSError`` EBADF). A write that cannot complete
         raises ``OSError`` with its errno (``ENOSPC``...) and the file offset it reached; nothing
-        is synced (``os.fsync`` for that)."""
+        is synced (``os.fsync`` for that).
+
+        A write from GPU memory is ordered after all the work queued on that GPU when it is
+        called, on every stream (PyTorch's current and side streams, another library's, a
+        replayed CUDA graph): it waits as ``torch.cuda.synchronize(device)`` does, then copies,
+        so the file holds what that work left in ``src``. (cuFile leaves this to the caller.)
+        Work queued after the call starts must not write ``src`` until it returns."""
         return self._call(src, False, file_offset, src_offset, size)
 
     def _call(self, mem: Any, read: bool, file_offset: int, mem_offset: int,

@@ -680,6 +680,102 @@ fn a_gpu_read_leaves_the_callers_context_as_it_was() {
     check(&mem);
 }
 
+/// A write from device memory waits for the work queued on it, whatever stream it is on: the
+/// memory (poisoned first) is filled by a copy queued on a non-blocking stream behind a kernel
+/// that spins for about half a second, and the file gets the filled bytes. The same write
+/// through the settled variant (which trusts its caller to have waited) gets the poison: the
+/// fill was still queued, so the check can fail. Run on a GPU machine:
+/// `cargo test -p gdirect --features cuda -- --ignored queued_on_any_stream`.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_gpu_write_waits_for_work_queued_on_any_stream() {
+    use cudarc::driver::{sys, CudaContext};
+    // A kernel that spins for `cycles` GPU clocks (hand-written PTX: no compiler needed).
+    const SPIN: &str = ".version 7.0\n.target sm_70\n.address_size 64\n\
+        .visible .entry spin(.param .u64 cycles)\n{\n.reg .u64 %n, %t0, %t1, %d;\n.reg .pred %p;\n\
+        ld.param.u64 %n, [cycles];\nmov.u64 %t0, %clock64;\nLOOP:\nmov.u64 %t1, %clock64;\n\
+        sub.u64 %d, %t1, %t0;\nsetp.lt.u64 %p, %d, %n;\n@%p bra LOOP;\nret;\n}\n\0";
+    let f = TempFile::new("wsrc", 8 << 20, 21);
+    let ctx = CudaContext::new(0).expect("CUDA context");
+    ctx.bind_to_thread().expect("context current");
+    let e = CompatEngine::builder()
+        .threads(4)
+        .task_size(1 << 20)
+        .build(CudaBackend::from_context(ctx.clone()))
+        .expect("engine");
+    let (mut module, mut spin) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: a NUL-terminated PTX image; `module` receives the handle.
+    let r = unsafe { sys::cuModuleLoadData(&mut module, SPIN.as_ptr().cast()) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "loading the spin kernel");
+    // SAFETY: the module just loaded; a NUL-terminated name.
+    let r = unsafe { sys::cuModuleGetFunction(&mut spin, module, c"spin".as_ptr()) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    let side = ctx.new_stream().expect("a non-blocking stream");
+    let write = |settled: bool| -> Vec<u8> {
+        let mut mem = side.alloc_zeros::<u8>(f.data.len()).expect("GPU memory");
+        side.memcpy_htod(&vec![0xa5u8; f.data.len()], &mut mem)
+            .expect("poison");
+        side.synchronize().expect("poisoned");
+        let mut cycles: u64 = 1 << 30;
+        let mut params = [(&raw mut cycles).cast::<std::ffi::c_void>()];
+        // SAFETY: the kernel takes one u64 parameter, passed by address; one thread.
+        let r = unsafe {
+            sys::cuLaunchKernel(
+                spin,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                side.cu_stream(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "launching the spin kernel");
+        side.memcpy_htod(&f.data, &mut mem)
+            .expect("the queued fill");
+        let ptr = cudarc::driver::DevicePtr::device_ptr(&mem, &side).0;
+        let out = std::env::temp_dir().join(format!(
+            "gdirect-compat-{}-queued-{settled}",
+            std::process::id()
+        ));
+        let sink = Sink::open(&out, true, true).expect("sink");
+        // SAFETY: `mem` is a live allocation of this context, `len` bytes, alive until the
+        // call returns; nothing queued after the call writes it.
+        let r = unsafe {
+            if settled {
+                e.write_device_ptr_settled(&sink, ptr, f.data.len() as u64, 0)
+            } else {
+                e.write_device_ptr(&sink, ptr, f.data.len() as u64, 0)
+            }
+        }
+        .expect("write");
+        assert_eq!(r.bytes, f.data.len() as u64);
+        side.synchronize().expect("the stream's work");
+        let got = std::fs::read(&out).expect("read back");
+        let _ = std::fs::remove_file(&out);
+        got
+    };
+    let got = write(false);
+    let right = got.iter().zip(&f.data).filter(|(a, b)| a == b).count();
+    assert!(
+        got == f.data,
+        "{right} of {} bytes written right",
+        f.data.len()
+    );
+    let early = write(true);
+    assert!(
+        early != f.data,
+        "without the wait the write should have copied the poison: the fill was not still queued"
+    );
+    // SAFETY: the module loaded above; its kernel has finished (the stream was synchronized).
+    unsafe { sys::cuModuleUnload(module) };
+}
+
 #[test]
 fn a_direct_read_cut_inside_a_block_is_not_the_end_when_the_file_goes_on() {
     let f = TempFile::new("cut", 4 << 20, 12);

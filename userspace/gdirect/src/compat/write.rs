@@ -291,14 +291,40 @@ impl CompatEngine<HostBackend> {
 #[cfg(feature = "cuda")]
 impl CompatEngine<CudaBackend> {
     /// Writes `len` bytes of device memory at `src` (of this engine's GPU) to `dst` at
-    /// `offset`: each piece copied into a pinned buffer of the worker's, then written. Work
-    /// queued on other streams that writes the memory must be finished by the caller.
+    /// `offset`: each piece copied into a pinned buffer of the worker's, then written.
+    ///
+    /// The write is ordered after every piece of work queued on the context when it is
+    /// called, on any stream (PyTorch's current or side streams, another library's, a
+    /// launched CUDA graph): it waits for the context as `cuCtxSynchronize` does, then copies.
+    /// The file gets the bytes that work left in the memory, never older ones. A caller that
+    /// knows the one stream that wrote the memory and has waited for it can use the crate's
+    /// settled variant; from outside the crate this is the only one.
     ///
     /// # Safety
     ///
     /// `[src, src + len)` is device memory of this engine's context, readable until the call
-    /// returns.
+    /// returns, and no work queued after this call begins writes it before the call returns.
     pub unsafe fn write_device_ptr(
+        &self,
+        dst: &Sink,
+        src: u64,
+        len: u64,
+        offset: u64,
+    ) -> Result<Report> {
+        let _entered = self.backend.enter_thread()?;
+        self.backend.synchronize()?;
+        // SAFETY: the caller's promise; the work queued on the context has finished.
+        unsafe { self.write_device_ptr_settled(dst, src, len, offset) }
+    }
+
+    /// [`CompatEngine::write_device_ptr`] without waiting for the context first: the caller
+    /// has waited for the work queued on the memory (its stream).
+    ///
+    /// # Safety
+    ///
+    /// As [`CompatEngine::write_device_ptr`], and no work queued on the device writes the
+    /// source.
+    pub(crate) unsafe fn write_device_ptr_settled(
         &self,
         dst: &Sink,
         src: u64,
