@@ -56,6 +56,12 @@ pub(crate) fn no_struct_pages() -> Error {
     errno(bindings::EMEDIUMTYPE)
 }
 
+/// `EPROTO`: nvidia.ko returned a page table of an nv-p2p generation this module does not know
+/// (a driver newer than it): nothing of the table past its version is read.
+pub(crate) fn unknown_page_table() -> Error {
+    errno(bindings::EPROTO)
+}
+
 /// `EUNATCH` (QUERY): no driver of this kernel drives the peer (none is bound, or a VFIO driver
 /// hands its DMA to a userspace program), so no addresses are made for it.
 pub(crate) fn peer_not_kernel_driven() -> Error {

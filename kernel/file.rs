@@ -319,6 +319,14 @@ impl GdirectFile {
         {
             return Err(EINVAL);
         }
+        // A persistent registration is never revoked: it keeps GPU memory past `cudaFree` and
+        // past the process, until the file closes. Only an administrator may make one.
+        // SAFETY: `capable` only reads the current task's credentials.
+        if args.flags & uapi::REGISTER_PERSISTENT != 0
+            && !unsafe { bindings::capable(bindings::CAP_SYS_ADMIN as i32) }
+        {
+            return Err(EACCES);
+        }
         let align = provider::alignment(args.provider)?;
         if args.addr.checked_add(args.len).is_none() {
             return Err(EOVERFLOW);

@@ -31,7 +31,10 @@
 //! only at `osGetCurrentProcess()`'s records), and returns 0 when it finds none: from another
 //! process or a kernel worker (the last reference of a registration may go in either),
 //! put_pages would silently leave the pages and their callback registered. So the registration
-//! puts only from the process that pinned; elsewhere it leaves the pages to the driver
+//! puts only from the process that pinned, known by its `struct pid` ([`ThreadGroup`]), as the
+//! driver knows it by its global tgid: a pid number relative to the caller's pid namespace could
+//! name a stranger in another namespace, whose put_pages would put nothing while gdirect took the
+//! callback's data back. Elsewhere it leaves the pages to the driver
 //! (`Orphaned`): the callback, run when the memory is freed, then drops the last references
 //! (and the module reference that keeps gdirect loaded until then). [`GET_PUT`] serializes
 //! get_pages and put_pages, so that a put never meets a new page table that the driver made at
@@ -80,9 +83,40 @@ kernel::sync::global_lock! {
     pub(crate) unsafe(uninit) static GET_PUT: Mutex<()> = ();
 }
 
-/// The calling process.
-fn current_tgid() -> i32 {
-    kernel::current!().tgid_nr_ns(None)
+/// A thread group, by its `struct pid` (a counted reference): the identity nvidia.ko's
+/// put_pages goes by (`current->tgid`, global), which no pid number relative to a pid
+/// namespace can stand for (two processes in two namespaces may share a number).
+struct ThreadGroup(NonNull<bindings::pid>);
+
+// SAFETY: a counted `struct pid` reference may be held and dropped from any thread.
+unsafe impl Send for ThreadGroup {}
+// SAFETY: it is only compared by address.
+unsafe impl Sync for ThreadGroup {}
+
+impl ThreadGroup {
+    /// The calling task's thread group.
+    fn current() -> Option<Self> {
+        // SAFETY: `current` is a live task; a non-NULL result holds a reference on the pid.
+        NonNull::new(unsafe {
+            bindings::get_task_pid(
+                kernel::current!().as_ptr(),
+                bindings::pid_type_PIDTYPE_TGID,
+            )
+        })
+        .map(Self)
+    }
+
+    /// Whether the calling task belongs to this thread group.
+    fn is_current(&self) -> bool {
+        Self::current().is_some_and(|now| now.0 == self.0)
+    }
+}
+
+impl Drop for ThreadGroup {
+    fn drop(&mut self) {
+        // SAFETY: the reference taken by `get_task_pid`, dropped once.
+        unsafe { bindings::put_pid(self.0.as_ptr()) };
+    }
 }
 
 /// nv-p2p requires 64 KiB aligned GPU virtual addresses and lengths.
@@ -177,8 +211,8 @@ pub(crate) struct NvidiaPages {
     /// callback has finished or can no longer run, or by the callback itself when orphaned
     /// (see the module docs).
     callback_ref: Option<NonNull<RegShared>>,
-    /// The process that pinned the pages: the only one whose put_pages finds them.
-    tgid: i32,
+    /// The thread group that pinned the pages: the only one whose put_pages finds them.
+    pinner: ThreadGroup,
 }
 
 // SAFETY: the page table belongs to the GPU driver and is only read; the callback reference is
@@ -272,6 +306,8 @@ pub(crate) fn pin(
     shared: &Arc<RegShared>,
 ) -> Result<PinResult> {
     let nv = NvP2p::get()?;
+    // Taken before the pages: a task that is exiting may have no thread group left.
+    let pinner = ThreadGroup::current().ok_or(ESRCH)?;
     let mut table: *mut nv_p2p::PageTable = core::ptr::null_mut();
     let mut callback_ref = None;
     let get_put = GET_PUT.lock();
@@ -308,18 +344,32 @@ pub(crate) fn pin(
         persistent,
         shared: shared.clone(),
         callback_ref,
-        tgid: current_tgid(),
+        pinner,
     };
     // Check what the GPU driver returned before trusting it.
     let _use = shared.begin_use()?;
     // SAFETY: the page table is valid while the pages are in use.
-    let t = unsafe { table.as_ref() };
+    let t = match unsafe { nv_p2p::read_page_table(table.as_ptr()) } {
+        Ok(t) => t,
+        Err(version) => {
+            if printk_ratelimit() {
+                pr_warn!(
+                    "nvidia.ko returned an nv-p2p page table of version {:#010x}, which this \
+                     gdirect does not know (it reads 0x00010002, drivers before 580.65.06, and \
+                     0x0002xxxx, 580.65.06 to 595): update gdirect for this NVIDIA driver\n",
+                    version
+                );
+            }
+            return Err(error::unknown_page_table());
+        }
+    };
     let page_size = nv_p2p::PageSize::from_raw(t.page_size).ok_or(error::provider_unavailable())?;
-    if !nv_p2p::version_compatible(t.version, nv_p2p::PAGE_TABLE_VERSION)
-        || t.pages.is_null()
-        || u64::from(t.entries) * page_size.get() != len
-    {
+    if t.pages.is_null() || u64::from(t.entries) * page_size.get() != len {
         return Err(error::provider_unavailable());
+    }
+    // Coherent GPU memory, addressed outside any BAR (see the flag's docs): no P2PDMA pages.
+    if t.flags & nv_p2p::PAGE_TABLE_FLAGS_CPU_CACHEABLE != 0 {
+        return Err(error::no_struct_pages());
     }
     let owner = pages.phys(0).and_then(Owner::of_phys).ok_or(ENXIO)?;
     if (0..t.entries as usize).any(|i| {
@@ -357,7 +407,8 @@ pub(crate) fn pin(
 impl NvidiaPages {
     /// The physical address of page `i`; the caller holds a use of the pages.
     pub(crate) fn phys(&self, i: usize) -> Option<u64> {
-        // SAFETY: the table is valid while the pages are in use, and has `entries` pages.
+        // SAFETY: the table is valid while the pages are in use, and has `entries` pages; `pin`
+        // read its version, so it is of a generation whose `pages` and `entries` are these.
         unsafe {
             let t = self.table.as_ref();
             (i < t.entries as usize).then(|| (**t.pages.add(i)).physical_address)
@@ -388,7 +439,7 @@ impl Drop for NvidiaPages {
         };
         let shared = &self.shared;
         let get_put = GET_PUT.lock();
-        if current_tgid() != self.tgid {
+        if !self.pinner.is_current() {
             // put_pages would find nothing from here: leave the pages to the driver.
             if self.orphan(&[Callback::Armed]) {
                 return;

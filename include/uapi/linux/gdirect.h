@@ -136,11 +136,21 @@ struct gdirect_info_args {
  *                  mapped in the process, not P2PDMA memory, not a GPU
  *                  allocation, or spanning two devices.
  *  EMEDIUMTYPE     nvidia: the GPU driver hands out this memory without
- *                  struct pages (BAR1 outside NVIDIA's P2PDMA mode, which needs
- *                  a static, uncached BAR1 mapping): no storage driver can DMA
- *                  to it through the block layer, so the module takes no such
- *                  registration (the library's compat engine serves it). The
- *                  pages are put back before REGISTER returns.
+ *                  P2PDMA struct pages: BAR1 outside NVIDIA's P2PDMA mode
+ *                  (which needs a static, uncached BAR1 mapping), or coherent
+ *                  memory of a CPU-coherent GPU (NVLink-C2C: a page table
+ *                  flagged NVIDIA_P2P_PAGE_TABLE_FLAGS_CPU_CACHEABLE, whose
+ *                  addresses are not in a BAR). No storage driver can DMA to
+ *                  it through the block layer peer to peer, so the module
+ *                  takes no such registration (the library's compat engine
+ *                  serves it). The pages are put back before REGISTER returns.
+ *  EPROTO          nvidia: nvidia.ko returned a page table of an nv-p2p
+ *                  generation this module does not know. It reads page table
+ *                  version 1.2 (NVIDIA_P2P_PAGE_TABLE_VERSION 0x00010002,
+ *                  drivers before 580.65.06) and 2.x (0x00020000, 580.65.06
+ *                  through 595); a newer driver needs a newer gdirect. The
+ *                  kernel log names the version; the pages are put back before
+ *                  REGISTER returns.
  *  EDQUOT          pinning len more bytes would exceed max_pinned_bytes (the
  *                  module's limit over every provider and every process), or
  *                  max_pinned_bytes_per_user for the caller's user (real uid;
@@ -164,7 +174,9 @@ struct gdirect_info_args {
  *                  is (VFIO, UIO, pci-stub: any driver that manages DMA
  *                  ownership itself). Checked at each QUERY; a mapping made
  *                  earlier stays until the registration ends.
- *  EACCES          QUERY: addresses asked for (max_entries > 0) by a caller
+ *  EACCES          REGISTER: GDIRECT_REGISTER_PERSISTENT by a caller without
+ *                  CAP_SYS_ADMIN (such a registration is never revoked).
+ *                  QUERY: addresses asked for (max_entries > 0) by a caller
  *                  without CAP_SYS_ADMIN. They are bus addresses, or physical
  *                  ones where the IOMMU passes DMA through, which the kernel
  *                  otherwise shows only to the administrator. Anyone with the
@@ -182,7 +194,8 @@ struct gdirect_info_args {
 /*
  * nvidia only: pin with nvidia_p2p_get_pages_persistent. The GPU driver keeps
  * the memory until the registration ends, even across cudaFree: it is never
- * revoked.
+ * revoked. Needs CAP_SYS_ADMIN (EACCES otherwise): on a shared node such a
+ * registration holds GPU memory its owner freed.
  */
 #define GDIRECT_REGISTER_PERSISTENT (1U << 0)
 #define GDIRECT_REGISTER_FLAGS (GDIRECT_REGISTER_PERSISTENT)

@@ -129,6 +129,21 @@ pub enum Error {
         len: u64,
     },
 
+    /// nvidia.ko returned a page table of an nv-p2p generation the module does not know (a
+    /// driver newer than the module): the module reads page table versions 1.2 (drivers before
+    /// 580.65.06) and 2.x (580.65.06 through 595). The kernel log names the version.
+    #[error(
+        "the NVIDIA driver's nv-p2p page table for {len} bytes at {addr:#x} is of a version this \
+         gdirect module does not know (see the kernel log, and `gdirect check` for the driver's \
+         version): install a gdirect that supports this driver"
+    )]
+    UnknownPageTable {
+        /// The address given.
+        addr: u64,
+        /// The length given.
+        len: u64,
+    },
+
     /// The module's pinned-bytes limit would be exceeded.
     #[error(
         "registering {len} more bytes would exceed the module's max_pinned_bytes limit (see \
@@ -197,6 +212,19 @@ pub enum Error {
     AddressesNeedAdmin {
         /// The peer asked about.
         peer: crate::PciAddress,
+    },
+
+    /// A persistent registration needs CAP_SYS_ADMIN: it is never revoked, and holds GPU
+    /// memory past `cudaFree`.
+    #[error(
+        "a persistent registration of {len} bytes at {addr:#x} needs CAP_SYS_ADMIN (it is never \
+         revoked, and holds GPU memory past cudaFree); register without persistent"
+    )]
+    PersistentNeedsAdmin {
+        /// The address given.
+        addr: u64,
+        /// The length given.
+        len: u64,
     },
 
     /// A file could not be opened for transfers.
@@ -406,6 +434,7 @@ impl Error {
             Self::Misaligned { .. } => ErrorKind::Misaligned,
             Self::NotProviderMemory { .. } => ErrorKind::NotProviderMemory,
             Self::NoStructPages { .. } => ErrorKind::NoStructPages,
+            Self::UnknownPageTable { .. } => ErrorKind::UnknownPageTable,
             Self::PinLimit { .. } => ErrorKind::PinLimit,
             Self::UserPinLimit { .. } => ErrorKind::UserPinLimit,
             Self::TooManyRegistrations => ErrorKind::TooManyRegistrations,
@@ -414,6 +443,7 @@ impl Error {
             Self::NoSuchPeer { .. } => ErrorKind::NoSuchPeer,
             Self::PeerNotKernelDriven { .. } => ErrorKind::PeerNotKernelDriven,
             Self::AddressesNeedAdmin { .. } => ErrorKind::AddressesNeedAdmin,
+            Self::PersistentNeedsAdmin { .. } => ErrorKind::PersistentNeedsAdmin,
             Self::OpenFile { .. } => ErrorKind::OpenFile,
             Self::NotDirect { .. } => ErrorKind::NotDirect,
             Self::BadFile { .. } => ErrorKind::BadFile,
@@ -473,13 +503,16 @@ impl Error {
             Self::Misaligned { .. } => Some(Errno::ERANGE),
             Self::NotProviderMemory { .. } => Some(Errno::ENXIO),
             Self::NoStructPages { .. } => Some(Errno::EMEDIUMTYPE),
+            Self::UnknownPageTable { .. } => Some(Errno::EPROTO),
             Self::PinLimit { .. } | Self::UserPinLimit { .. } => Some(Errno::EDQUOT),
             Self::TooManyRegistrations => Some(Errno::EMFILE),
             Self::ProviderUnavailable { .. } => Some(Errno::EOPNOTSUPP),
             Self::Revoked { .. } => Some(Errno::EKEYREVOKED),
             Self::NoSuchPeer { .. } => Some(Errno::ENODEV),
             Self::PeerNotKernelDriven { .. } => Some(Errno::EUNATCH),
-            Self::AddressesNeedAdmin { .. } => Some(Errno::EACCES),
+            Self::AddressesNeedAdmin { .. } | Self::PersistentNeedsAdmin { .. } => {
+                Some(Errno::EACCES)
+            }
             Self::ModuleNotLoaded { .. }
             | Self::VersionMismatch { .. }
             | Self::DeviceMissing { .. } => None,
@@ -552,6 +585,8 @@ pub enum ErrorKind {
     NotProviderMemory,
     /// GPU memory without struct pages ([`Error::NoStructPages`]).
     NoStructPages,
+    /// A page table of an unknown nv-p2p generation ([`Error::UnknownPageTable`]).
+    UnknownPageTable,
     /// The module's pinned-bytes limit ([`Error::PinLimit`]).
     PinLimit,
     /// The module's pinned-bytes limit for one user ([`Error::UserPinLimit`]).
@@ -568,6 +603,8 @@ pub enum ErrorKind {
     PeerNotKernelDriven,
     /// Peer addresses need CAP_SYS_ADMIN ([`Error::AddressesNeedAdmin`]).
     AddressesNeedAdmin,
+    /// A persistent registration needs CAP_SYS_ADMIN ([`Error::PersistentNeedsAdmin`]).
+    PersistentNeedsAdmin,
     /// A file could not be opened for transfers ([`Error::OpenFile`]).
     OpenFile,
     /// The file is not open with O_DIRECT ([`Error::NotDirect`]).
@@ -622,6 +659,7 @@ impl ErrorKind {
             Self::Misaligned => "misaligned",
             Self::NotProviderMemory => "not_provider_memory",
             Self::NoStructPages => "no_struct_pages",
+            Self::UnknownPageTable => "unknown_page_table",
             Self::PinLimit => "pin_limit",
             Self::UserPinLimit => "user_pin_limit",
             Self::TooManyRegistrations => "too_many_registrations",
@@ -630,6 +668,7 @@ impl ErrorKind {
             Self::NoSuchPeer => "no_such_peer",
             Self::PeerNotKernelDriven => "peer_not_kernel_driven",
             Self::AddressesNeedAdmin => "addresses_need_admin",
+            Self::PersistentNeedsAdmin => "persistent_needs_admin",
             Self::OpenFile => "open_file",
             Self::NotDirect => "not_direct",
             Self::BadFile => "bad_file",

@@ -24,7 +24,8 @@ impl RegisterOptions {
     }
 
     /// nvidia memory only: pin with the GPU driver's persistent interface, so that the memory is
-    /// never revoked (a `cudaFree` is deferred until the registration ends).
+    /// never revoked (a `cudaFree` is deferred until the registration ends). Needs
+    /// CAP_SYS_ADMIN ([`Error::PersistentNeedsAdmin`] otherwise).
     pub const fn persistent(mut self, persistent: bool) -> Self {
         self.persistent = persistent;
         self
@@ -199,6 +200,8 @@ impl Driver {
                 len,
             },
             Errno::EMEDIUMTYPE => Error::NoStructPages { addr, len },
+            Errno::EPROTO => Error::UnknownPageTable { addr, len },
+            Errno::EACCES => Error::PersistentNeedsAdmin { addr, len },
             // Which limit: the user's, when it is set and this registration goes past it.
             Errno::EDQUOT => match self.info() {
                 Ok(i)
