@@ -2,9 +2,9 @@
 /*
  * Exports of gdirect_egpu: the NVIDIA nv-p2p functions, implemented in
  * egpu_main.rs, exported as the open nvidia.ko exports them: same names,
- * EXPORT_SYMBOL_GPL (NV_EXPORT_SYMBOL), which __symbol_get() requires. No logic
- * lives here. gdirect's wrappers of C inline functions are compiled in too, for
- * the files this module shares with it.
+ * EXPORT_SYMBOL_GPL (NV_EXPORT_SYMBOL), which __symbol_get() requires, and the
+ * wrapper of one C inline function. No logic lives here, and nothing of
+ * gdirect's module is compiled in (tests/egpu/independent.sh).
  */
 #include <linux/dma-mapping.h>
 #include <linux/export.h>
@@ -43,4 +43,9 @@ EXPORT_SYMBOL_GPL(nvidia_p2p_dma_unmap_pages);
 EXPORT_SYMBOL_GPL(nvidia_p2p_free_page_table);
 EXPORT_SYMBOL_GPL(nvidia_p2p_free_dma_mapping);
 
-#include "../../kernel/shim.c"
+/* dma_mapping_error() is inline: the one wrapper the emulator needs. */
+int egpu_dma_mapping_error(struct device *dev, dma_addr_t addr);
+int egpu_dma_mapping_error(struct device *dev, dma_addr_t addr)
+{
+	return dma_mapping_error(dev, addr);
+}

@@ -19,6 +19,12 @@
 //! One [`Egpu`] exists per bound device (the rig has one); it is reachable from the exported
 //! functions through [`DEVICE`].
 //!
+//! The NVIDIA interface comes from the emulator's own definitions (`nv_p2p_h.rs`, written from
+//! NVIDIA's header), never from gdirect's module: `independent.sh` fails the build if any file
+//! of the module is included by or shared with this one. Parameters choose the driver
+//! generation emulated (`nv_driver=535` or `580`) and, for tests, a page-table version no
+//! driver has made yet (`page_table_version=`).
+//!
 //! Locking mirrors the open NVIDIA driver (`NVIDIA/open-gpu-kernel-modules`, 595.45.04), which
 //! is what a client can observe: [`API_LOCK`] stands for RM's API lock. `rm_p2p_get_pages`,
 //! `rm_p2p_put_pages` and `rm_p2p_dma_map_pages` (`arch/nvalloc/unix/src/osapi.c`) each take it
@@ -37,12 +43,16 @@
 //! | get/put/dma_map take the API lock | `rm_p2p_get_pages`, `rm_p2p_put_pages`, `rm_p2p_dma_map_pages` |
 //! | free callbacks run under the API lock, in the freeing thread | `CliDelThirdPartyP2PVidmemInfo` |
 //! | ... which need not be the registration's user: a deferred last close (a kworker), GPU removal (`EGPU_FREE_FROM_WORKER`) | `nvidia_close`, `nv_pci_remove` |
-//! | the page table is freed only after the client's callback returns | `nv_p2p_mem_info_free_callback` |
+//! | the client's callback runs first, with its table still linked; the table is unlinked and freed after it returns | `nv_p2p_mem_info_free_callback` |
+//! | `dma_unmap_pages` from inside the callback finds the table and unmaps | `nvidia_p2p_dma_unmap_pages` -> `nv_p2p_remove_dma_mapping` (the table's own lock) |
+//! | page tables stamped with the emulated series' `NVIDIA_P2P_PAGE_TABLE_VERSION` (1.2 up to 575, 2.0 with `flags` from 580.65.06), in an allocation of exactly that layout's size | `nv_p2p_get_pages` |
+//! | each `struct nvidia_p2p_page` a separate allocation | `nv_p2p_get_pages`: `NV_KMEM_CACHE_ALLOC(nvidia_p2p_page_t_cache)` |
+//! | the process is the global tgid, whatever pid namespace the caller is in | `os_get_current_process()`: `current->tgid` |
 //! | put_pages of a table that teardown already unlinked returns 0 | `nv_p2p_put_pages`: `NV_ERR_OBJECT_NOT_FOUND` -> `NV_OK` |
 //! | put_pages while a free runs the callback blocks on the API lock, then returns 0 | as above |
 //! | put_pages from another process than get_pages's (or a kworker) puts nothing, returns 0 | `RmP2PGetInfoWithoutToken` (`osGetCurrentProcess()`) |
 //! | dma_unmap of a mapping no longer listed returns 0 | `nvidia_p2p_dma_unmap_pages` |
-//! | dma_map for a peer that cannot reach the BAR: `-ENOTSUPP` | `rm_p2p_dma_map_pages`: `nv_grdma_pci_topology_supported` |
+//! | dma_map allows every peer (no P2PDMA switch rules) and maps each page with `dma_map_resource` | `rm_p2p_dma_map_pages`: `nv_grdma_pci_topology_supported`, `nv_dma_map_peer` -> `nv_dma_map_mmio` |
 //! | free_page_table and free_dma_mapping do nothing | `nvidia_p2p_free_page_table`, `nvidia_p2p_free_dma_mapping` |
 //! | persistent mappings keep freed memory until put | `rm_p2p_put_pages_persistent` |
 //!
@@ -93,21 +103,18 @@ use kernel::{
     },
 };
 
-#[path = "../../kernel/misc.rs"]
-mod misc;
-#[allow(
-    dead_code,
-    reason = "the nv-p2p definitions are shared with gdirect, which uses others"
-)]
-#[path = "../../kernel/nv_p2p.rs"]
-mod nv_p2p;
-#[path = "../../kernel/topology.rs"]
-mod topology;
+mod egpu_misc;
+mod nv_p2p_h;
 
-use misc::OwnedMiscDevice;
-use topology::{
-    raw_pci,
-    MapType, //
+use egpu_misc::OwnedMiscDevice;
+use nv_p2p_h::{
+    FreeCallback,
+    Generation,
+    NvidiaP2pDmaMapping,
+    NvidiaP2pPage,
+    NvidiaP2pPageTableR535,
+    NvidiaP2pPageTableR580,
+    PageTablePtr, //
 };
 
 module! {
@@ -120,6 +127,18 @@ module! {
         nopages: u32 {
             default: 0,
             description: "0: BAR2 is P2PDMA memory with struct pages (NVIDIA's P2PDMA mode, the default); 1: plain BAR without struct pages (classic BAR1)",
+        },
+        nv_driver: u32 {
+            default: 580,
+            description: "the NVIDIA driver series emulated: 515 to 579 make nv-p2p page tables of version 1.2 (no flags), 580 to 599 of version 2.0 (with flags), as 580.65.06 and later do",
+        },
+        page_table_version: u32 {
+            default: 0,
+            description: "test knob: stamp this NVIDIA_P2P_PAGE_TABLE_VERSION into the page tables instead of the series' (0), to show a client a generation it does not know",
+        },
+        cpu_cacheable: u32 {
+            default: 0,
+            description: "1: set NVIDIA_P2P_PAGE_TABLE_FLAGS_CPU_CACHEABLE in page tables of version 2 (nvidia.ko sets it for memory the CPU reaches coherently)",
         },
     },
 }
@@ -145,6 +164,39 @@ kernel::sync::global_lock! {
     unsafe(uninit) static API_LOCK: Mutex<()> = ();
 }
 
+/// The task holding [`API_LOCK`] (its `task_struct` address), 0 when none: RM's
+/// `rmapiLockIsOwner()`.
+static API_OWNER: Atomic<usize> = Atomic::new(0);
+
+/// The calling task, as [`API_OWNER`] records it.
+fn current_task() -> usize {
+    kernel::current!().as_ptr() as usize
+}
+
+/// Holds [`API_LOCK`] and records its owner while held.
+struct ApiLock {
+    _guard: kernel::sync::lock::GlobalGuard<API_LOCK>,
+}
+
+impl Drop for ApiLock {
+    fn drop(&mut self) {
+        API_OWNER.store(0, Relaxed);
+    }
+}
+
+/// Takes the API lock as `rmapiLockAcquire` does: a task that already holds it (a client's
+/// free callback calling get_pages, put_pages or dma_map_pages) is refused with
+/// `NV_ERR_INVALID_LOCK_STATE` (`rmapi.c`), which nv-p2p answers with `-EIO`, and put_pages
+/// with a `WARN_ON` as well (`nv_p2p_put_pages`), a kernel report that fails the run here.
+fn api_lock() -> Result<ApiLock> {
+    if API_OWNER.load(Relaxed) == current_task() {
+        return Err(EIO);
+    }
+    let guard = API_LOCK.lock();
+    API_OWNER.store(current_task(), Relaxed);
+    Ok(ApiLock { _guard: guard })
+}
+
 /// The bound device, or `ENODEV`.
 fn device() -> Result<Arc<Egpu>> {
     DEVICE.lock().clone().ok_or(ENODEV)
@@ -156,36 +208,66 @@ struct Owned<T>(NonNull<T>);
 // being taken out of it.
 unsafe impl<T> Send for Owned<T> {}
 
-/// A page table handed out by `nvidia_p2p_get_pages*`, with the storage it points into.
-#[repr(C)]
+/// The `struct nvidia_p2p_page_table` handed to a client, in its generation's layout and in an
+/// allocation of exactly its size, so that a client reading a field its generation lacks
+/// (`flags` of a version 1.2 table) reads past the allocation, which KASAN reports: harsher
+/// than nvidia.ko, whose table sits inside its larger `nv_p2p_mem_info`.
+enum TableStruct {
+    R535(KBox<NvidiaP2pPageTableR535>),
+    R580(KBox<NvidiaP2pPageTableR580>),
+}
+
+/// A page table handed out by `nvidia_p2p_get_pages*`, with the storage it points into: each
+/// `struct nvidia_p2p_page` in an allocation of its own, as `nv_p2p_get_pages` takes each from
+/// its `nvidia_p2p_page_t_cache`.
 struct TableBox {
-    /// First, so that a `*mut nv_p2p::PageTable` is a `*mut TableBox`.
-    table: nv_p2p::PageTable,
-    pages: KVec<nv_p2p::Page>,
-    page_ptrs: KVec<*mut nv_p2p::Page>,
-    uuid: [u8; 16],
+    table: TableStruct,
+    /// Storage the client's table points into: held, never read here, freed with the table.
+    #[expect(dead_code, reason = "owned for the table's pointers into it")]
+    pages: KVec<KBox<NvidiaP2pPage>>,
+    #[expect(dead_code, reason = "owned for the table's pointers into it")]
+    page_ptrs: KVec<*mut NvidiaP2pPage>,
+    #[expect(dead_code, reason = "owned for the table's pointers into it")]
+    uuid: KBox<[u8; nv_p2p_h::GPU_UUID_LEN]>,
+    /// The physical address of each page (the emulator's own record, never read back from
+    /// what the client was given).
+    phys: KVec<u64>,
+}
+
+impl TableBox {
+    /// The address the client knows the table by.
+    fn ptr(&self) -> PageTablePtr {
+        match &self.table {
+            TableStruct::R535(t) => core::ptr::from_ref::<NvidiaP2pPageTableR535>(t).cast_mut().cast(),
+            TableStruct::R580(t) => core::ptr::from_ref::<NvidiaP2pPageTableR580>(t).cast_mut().cast(),
+        }
+    }
 }
 
 /// A DMA mapping handed out by `nvidia_p2p_dma_map_pages`.
-#[repr(C)]
 struct DmaBox {
-    /// First, so that a `*mut nv_p2p::DmaMapping` is a `*mut DmaBox`.
-    mapping: nv_p2p::DmaMapping,
+    mapping: KBox<NvidiaP2pDmaMapping>,
     addrs: KVec<u64>,
-    /// Mapped with `dma_map_resource` (through the host bridge) rather than bus addresses.
-    mapped: bool,
     peer: ARef<pci::Device>,
+}
+
+impl DmaBox {
+    /// The address the client knows the mapping by.
+    fn ptr(&self) -> *mut NvidiaP2pDmaMapping {
+        core::ptr::from_ref::<NvidiaP2pDmaMapping>(&self.mapping).cast_mut()
+    }
 }
 
 /// One nv-p2p page table on an allocation.
 struct Mapping {
-    table: Owned<TableBox>,
+    table: KBox<TableBox>,
     persistent: bool,
-    /// The process that made it: nvidia.ko's put_pages finds a mapping only from there.
+    /// The process that made it (its global tgid): nvidia.ko's put_pages finds a mapping only
+    /// from there.
     tgid: i32,
-    callback: Option<nv_p2p::FreeCallback>,
+    callback: Option<FreeCallback>,
     data: *mut c_void,
-    dmas: KVec<Owned<DmaBox>>,
+    dmas: KVec<KBox<DmaBox>>,
 }
 // SAFETY: `data` is the caller's opaque pointer, only passed back to its callback.
 unsafe impl Send for Mapping {}
@@ -203,9 +285,11 @@ struct Alloc {
     mappings: KVec<Mapping>,
 }
 
-/// The calling process.
+/// The calling process, by its global tgid: `current->tgid`, as nvidia.ko's
+/// `os_get_current_process()` (`kernel-open/nvidia/os-interface.c`) returns it, whatever pid
+/// namespace the caller is in.
 fn current_tgid() -> i32 {
-    kernel::current!().tgid_nr_ns(None)
+    kernel::current!().group_leader().pid()
 }
 
 impl Alloc {
@@ -250,9 +334,9 @@ struct Egpu {
 unsafe impl Sync for Owned<bindings::p2pdma_provider> {}
 
 unsafe extern "C" {
-    /// `dma_mapping_error()` (inline in C; `kernel/shim.c`). `dev` is a `struct device *`:
+    /// `dma_mapping_error()` (inline in C; `egpu_exports.c`). `dev` is a `struct device *`:
     /// bindgen's `struct device` holds a zero-sized array the `improper_ctypes` lint rejects.
-    fn gdirect_dma_mapping_error(dev: *mut c_void, addr: bindings::dma_addr_t) -> i32;
+    fn egpu_dma_mapping_error(dev: *mut c_void, addr: bindings::dma_addr_t) -> i32;
 }
 
 impl Egpu {
@@ -298,49 +382,41 @@ impl Egpu {
         Ok((VA_BASE + offset, offset))
     }
 
-    /// Frees the allocations of `owner` (all, or the one at `va`): returns the mappings to
-    /// revoke and the number of persistent ones that keep their memory for now.
-    fn free(&self, owner: u64, va: Option<u64>) -> Result<(KVec<Mapping>, u32)> {
-        let mut deferred = 0;
-        let mut found = false;
+    /// Marks the allocations of `owner` (all, or the one at `va`) freed: returns what the free
+    /// must revoke (each non-persistent table, still linked) and the number of persistent
+    /// mappings that keep their memory for now. Allocations without mappings go at once.
+    fn begin_free(&self, owner: u64, va: Option<u64>) -> Result<(KVec<Revoke>, u32)> {
+        let matches = |a: &Alloc| a.owner == owner && !a.freed && va.is_none_or(|va| va == a.va());
         let mut inner = self.inner.lock();
-        // Room for every mapping taken out below, reserved first: once a mapping leaves its
-        // allocation nothing may fail, or its free callback would never run.
+        // Room for every table to revoke, reserved first: once an allocation is marked freed
+        // nothing may fail, or a free callback would never run.
         let count = inner
             .allocs
             .iter()
-            .filter(|a| a.owner == owner && !a.freed && va.is_none_or(|va| va == a.va()))
+            .filter(|a| matches(&**a))
             .map(|a| a.mappings.iter().filter(|m| !m.persistent).count())
             .sum();
         let mut revoke = KVec::with_capacity(count, GFP_KERNEL)?;
-        let mut i = 0;
-        while i < inner.allocs.len() {
-            let a = &mut inner.allocs[i];
-            if a.owner != owner || a.freed || va.is_some_and(|va| va != a.va()) {
-                i += 1;
-                continue;
-            }
+        let mut deferred = 0;
+        let mut found = false;
+        for a in inner.allocs.iter_mut().filter(|a| matches(&**a)) {
             found = true;
-            let mut j = 0;
-            while j < a.mappings.len() {
-                if a.mappings[j].persistent {
+            a.freed = true;
+            for m in a.mappings.iter() {
+                if m.persistent {
                     deferred += 1;
-                    j += 1;
                 } else {
-                    let m = a.mappings.remove(j).map_err(|_| EINVAL)?;
-                    // Cannot fail: room for every mapping taken out was reserved above.
-                    revoke.push_within_capacity(m).map_err(|_| ENOMEM)?;
+                    let r = Revoke {
+                        table: m.table.ptr(),
+                        callback: m.callback,
+                        data: m.data,
+                    };
+                    // Cannot fail: room for every table was reserved above.
+                    revoke.push_within_capacity(r).map_err(|_| ENOMEM)?;
                 }
             }
-            if a.mappings.is_empty() {
-                let a = inner.allocs.remove(i).map_err(|_| EINVAL)?;
-                release_range_locked(&mut inner, &a);
-            } else {
-                a.freed = true;
-                i += 1;
-            }
         }
-        inner.mappings -= revoke.len() as u32;
+        reap_locked(&mut inner);
         drop(inner);
         if va.is_some() && !found {
             return Err(ENOENT);
@@ -348,46 +424,85 @@ impl Egpu {
         Ok((revoke, deferred))
     }
 
-    /// Frees the allocations of `owner` (all, or the one at `va`) as `cudaFree` does: under the
-    /// API lock, unlinks their mappings (put_pages no longer finds them), waits `delay` (the
-    /// debug knob), runs each free callback, then frees the page table (`video_mem.c` ->
-    /// `CliDelThirdPartyP2PVidmemInfo` -> `nv_p2p_mem_info_free_callback`). Returns the numbers
-    /// of callbacks run and of persistent mappings that keep their memory.
+    /// Frees the allocations of `owner` (all, or the one at `va`) as `cudaFree` does, under the
+    /// API lock (`video_mem.c` -> `CliUnregisterMemoryFromThirdPartyP2P` ->
+    /// `CliDelThirdPartyP2PVidmemInfo`, `gpu/bus/third_party_p2p.c`): marks them freed, waits
+    /// `delay` (the debug knob: put_pages meanwhile blocks on the API lock), then for each page
+    /// table runs the client's free callback **first**, with the table still linked (so
+    /// `nvidia_p2p_dma_unmap_pages` from the callback finds it, as in nvidia.ko), and only
+    /// then unlinks and frees the table (`nv_p2p_mem_info_free_callback`: the callback, then
+    /// `nv_p2p_free_page_table`). Returns the numbers of callbacks run and of persistent
+    /// mappings that keep their memory.
     fn free_and_revoke(&self, owner: u64, va: Option<u64>, delay_us: u32) -> Result<(u32, u32)> {
-        let api = API_LOCK.lock();
-        let (revoke, deferred) = self.free(owner, va)?;
+        let api = api_lock()?;
+        let (revoke, deferred) = self.begin_free(owner, va)?;
         let callbacks = revoke.len() as u32;
         if delay_us > 0 && callbacks > 0 {
             kernel::time::delay::fsleep(kernel::time::Delta::from_micros(i64::from(delay_us)));
         }
-        self.revoke(revoke);
+        for r in revoke {
+            if let Some(callback) = r.callback {
+                // SAFETY: the callback and its data were given to `nvidia_p2p_get_pages` for
+                // this page table, which stays linked and valid until after it returns.
+                unsafe { callback(r.data) };
+                self.callbacks.fetch_add(1, Relaxed);
+            }
+            self.unlink(r.table);
+        }
         drop(api);
         Ok((callbacks, deferred))
     }
 
-    /// Runs the free callbacks of `mappings`, then frees them. The caller holds the API lock.
-    fn revoke(&self, mappings: KVec<Mapping>) {
-        for m in mappings {
-            if let Some(callback) = m.callback {
-                // SAFETY: the callback and its data were given to `nvidia_p2p_get_pages` for
-                // this page table, which is still valid: it is freed only below.
-                unsafe { callback(m.data) };
-                self.callbacks.fetch_add(1, Relaxed);
-            }
-            free_mapping(m);
-        }
+    /// Unlinks a page table from its allocation (the allocation goes too once freed and
+    /// without mappings) and frees it with its DMA mappings.
+    fn unlink(&self, table: PageTablePtr) {
+        let mut inner = self.inner.lock();
+        let Some((i, j)) = Self::find_mapping_locked(&inner, table) else {
+            // Only a free unlinks a non-persistent table while it holds the API lock.
+            kernel::warn_on!(true);
+            return;
+        };
+        let Ok(m) = inner.allocs[i].mappings.remove(j) else {
+            return;
+        };
+        inner.mappings -= 1;
+        reap_locked(&mut inner);
+        drop(inner);
+        free_mapping(m);
     }
 
     /// The allocation and mapping index of a page table handed out earlier.
-    fn find_mapping_locked(inner: &Inner, table: *mut nv_p2p::PageTable) -> Option<(usize, usize)> {
+    fn find_mapping_locked(inner: &Inner, table: PageTablePtr) -> Option<(usize, usize)> {
         for (i, a) in inner.allocs.iter().enumerate() {
             for (j, m) in a.mappings.iter().enumerate() {
-                if m.table.0.as_ptr().cast::<nv_p2p::PageTable>() == table {
+                if m.table.ptr() == table {
                     return Some((i, j));
                 }
             }
         }
         None
+    }
+}
+
+/// A page table a free revokes: its callback runs, then it is unlinked.
+struct Revoke {
+    table: PageTablePtr,
+    callback: Option<FreeCallback>,
+    data: *mut c_void,
+}
+
+/// Removes the allocations that are freed and hold no mapping any more, returning their BAR
+/// pages to the free pool.
+fn reap_locked(inner: &mut Inner) {
+    let mut i = 0;
+    while i < inner.allocs.len() {
+        if inner.allocs[i].freed && inner.allocs[i].mappings.is_empty() {
+            if let Ok(a) = inner.allocs.remove(i) {
+                release_range_locked(inner, &a);
+            }
+        } else {
+            i += 1;
+        }
     }
 }
 
@@ -404,30 +519,29 @@ fn free_mapping(m: Mapping) {
     for dma in m.dmas {
         free_dma(dma);
     }
-    // SAFETY: `table` came from `KBox::into_raw` in `get_pages` and was taken out of the locked
-    // state, so this is its only owner.
-    drop(unsafe { KBox::from_raw(m.table.0.as_ptr()) });
 }
 
-fn free_dma(dma: Owned<DmaBox>) {
-    // SAFETY: `dma` came from `KBox::into_raw` in `dma_map_pages` and was taken out of the
-    // locked state, so this is its only owner.
-    let dma = unsafe { KBox::from_raw(dma.0.as_ptr()) };
-    if dma.mapped {
-        let dev = raw_pci(&dma.peer);
-        for addr in dma.addrs.iter() {
-            // SAFETY: each address was mapped by `dma_map_resource` for this device and size.
-            unsafe {
-                bindings::dma_unmap_resource(
-                    &raw mut (*dev).dev,
-                    *addr,
-                    PAGE as usize,
-                    bindings::dma_data_direction_DMA_BIDIRECTIONAL,
-                    0,
-                )
-            };
-        }
+/// Undoes a DMA mapping's `dma_map_resource` calls (`nv_dma_unmap_peer`), then frees it.
+fn free_dma(dma: KBox<DmaBox>) {
+    let dev = raw_pci(&dma.peer);
+    for addr in dma.addrs.iter() {
+        // SAFETY: each address was mapped by `dma_map_resource` for this device and size.
+        unsafe {
+            bindings::dma_unmap_resource(
+                &raw mut (*dev).dev,
+                *addr,
+                PAGE as usize,
+                bindings::dma_data_direction_DMA_BIDIRECTIONAL,
+                0,
+            )
+        };
     }
+}
+
+/// The `struct pci_dev` of a PCI device: `pci::Device` is a transparent wrapper of
+/// `Opaque<bindings::pci_dev>`.
+fn raw_pci<Ctx: kernel::device::DeviceContext>(pdev: &pci::Device<Ctx>) -> *mut bindings::pci_dev {
+    core::ptr::from_ref(pdev).cast_mut().cast()
 }
 
 /// The PCI driver.
@@ -541,15 +655,20 @@ impl pci::Driver for EgpuDriver {
                 }),
                 GFP_KERNEL,
             )?;
+            let (generation, version) = table_generation();
             dev_info!(
                 pdev,
-                "emulated GPU: {} MiB of device memory in BAR{BAR}, {}\n",
+                "emulated GPU: {} MiB of device memory in BAR{BAR}, {}; NVIDIA driver series {} \
+                 (nv-p2p page table {:?}, version {:#010x})\n",
                 bar_len >> 20,
                 if nopages {
                     "without struct pages (nopages)"
                 } else {
                     "P2PDMA pages (p2pdma)"
-                }
+                },
+                *module_parameters::nv_driver.value(),
+                generation,
+                version
             );
             *DEVICE.lock() = Some(egpu.clone());
             Ok(egpu)
@@ -724,13 +843,26 @@ impl MiscDevice for EgpuFile {
     }
 }
 
-/// Builds the page table of `[va, va + len)` and records it on its allocation.
+/// The page-table layout and version this load of the emulator hands out (its parameters).
+fn table_generation() -> (Generation, u32) {
+    let generation = Generation::of_series(*module_parameters::nv_driver.value())
+        .unwrap_or(Generation::R580);
+    match *module_parameters::page_table_version.value() {
+        0 => (generation, generation.page_table_version()),
+        v => (generation, v),
+    }
+}
+
+/// Builds the page table of `[va, va + len)` and records it on its allocation, as
+/// `nv_p2p_get_pages` does: the table in its generation's layout, each page in an allocation of
+/// its own, 64 KiB pages (`NVRM_P2P_PAGESIZE_BIG_64K`), the version stamped
+/// (`NVIDIA_P2P_PAGE_TABLE_VERSION`), `flags` only in version 2.
 fn get_pages(
     va: u64,
     len: u64,
-    out: *mut *mut nv_p2p::PageTable,
+    out: *mut PageTablePtr,
     persistent: bool,
-    callback: Option<nv_p2p::FreeCallback>,
+    callback: Option<FreeCallback>,
     data: *mut c_void,
 ) -> Result {
     if out.is_null() || len == 0 || va % PAGE != 0 || len % PAGE != 0 {
@@ -739,7 +871,7 @@ fn get_pages(
     let egpu = device()?;
     let tgid = current_tgid();
     // `rm_p2p_get_pages` and `rm_p2p_get_pages_persistent` run under the API lock.
-    let _api = API_LOCK.lock();
+    let _api = api_lock()?;
     let mut inner = egpu.inner.lock();
     let a = inner
         .allocs
@@ -749,39 +881,69 @@ fn get_pages(
     let n = (len / PAGE) as usize;
     let first = a.offset + (va - a.va());
     let mut pages = KVec::with_capacity(n, GFP_KERNEL)?;
+    let mut phys = KVec::with_capacity(n, GFP_KERNEL)?;
     for i in 0..n as u64 {
+        let p = egpu.phys(first + i * PAGE);
+        phys.push(p, GFP_KERNEL)?;
         pages.push(
-            nv_p2p::Page {
-                physical_address: egpu.phys(first + i * PAGE),
-                registers: [0; 6],
-            },
+            KBox::new(
+                NvidiaP2pPage {
+                    physical_address: p,
+                    wreqmb_h: 0,
+                    rreqmb_h: 0,
+                    rreqmb_0: 0,
+                    reserved: [0; 3],
+                },
+                GFP_KERNEL,
+            )?,
             GFP_KERNEL,
         )?;
     }
-    let mut table = KBox::new(
-        TableBox {
-            table: nv_p2p::PageTable {
-                version: nv_p2p::PAGE_TABLE_VERSION,
-                page_size: nv_p2p::PageSize::Size64K as u32,
-                pages: core::ptr::null_mut(),
+    let mut page_ptrs = KVec::with_capacity(n, GFP_KERNEL)?;
+    for p in pages.iter_mut() {
+        page_ptrs.push(core::ptr::from_mut::<NvidiaP2pPage>(p), GFP_KERNEL)?;
+    }
+    let mut uuid = KBox::new(GPU_UUID, GFP_KERNEL)?;
+    let (generation, version) = table_generation();
+    let (pages_ptr, uuid_ptr) = (page_ptrs.as_mut_ptr(), uuid.as_mut_ptr());
+    let table = match generation {
+        Generation::R535 => TableStruct::R535(KBox::new(
+            NvidiaP2pPageTableR535 {
+                version,
+                page_size: nv_p2p_h::PAGE_SIZE_64KB,
+                pages: pages_ptr,
                 entries: n as u32,
-                gpu_uuid: core::ptr::null_mut(),
+                gpu_uuid: uuid_ptr,
             },
+            GFP_KERNEL,
+        )?),
+        Generation::R580 => TableStruct::R580(KBox::new(
+            NvidiaP2pPageTableR580 {
+                version,
+                page_size: nv_p2p_h::PAGE_SIZE_64KB,
+                pages: pages_ptr,
+                entries: n as u32,
+                gpu_uuid: uuid_ptr,
+                flags: if *module_parameters::cpu_cacheable.value() != 0 {
+                    nv_p2p_h::PAGE_TABLE_FLAGS_CPU_CACHEABLE
+                } else {
+                    0
+                },
+            },
+            GFP_KERNEL,
+        )?),
+    };
+    let table = KBox::new(
+        TableBox {
+            table,
             pages,
-            page_ptrs: KVec::with_capacity(n, GFP_KERNEL)?,
-            uuid: GPU_UUID,
+            page_ptrs,
+            uuid,
+            phys,
         },
         GFP_KERNEL,
     )?;
-    let base = table.pages.as_mut_ptr();
-    for i in 0..n {
-        // SAFETY: `i < n == pages.len()`.
-        table.page_ptrs.push(unsafe { base.add(i) }, GFP_KERNEL)?;
-    }
-    table.table.pages = table.page_ptrs.as_mut_ptr();
-    table.table.gpu_uuid = table.uuid.as_mut_ptr();
-    let table = Owned(NonNull::from(KBox::leak(table)));
-    let raw = table.0.as_ptr().cast::<nv_p2p::PageTable>();
+    let raw = table.ptr();
     let mapping = Mapping {
         table,
         persistent,
@@ -790,12 +952,7 @@ fn get_pages(
         data,
         dmas: KVec::new(),
     };
-    if let Err(e) = a.mappings.push(mapping, GFP_KERNEL) {
-        drop(inner);
-        // SAFETY: `raw` was leaked above and never published.
-        drop(unsafe { KBox::from_raw(raw.cast::<TableBox>()) });
-        return Err(e.into());
-    }
+    a.mappings.push(mapping, GFP_KERNEL)?;
     inner.mappings += 1;
     // SAFETY: the caller passes a valid location for the page table pointer (checked non-null).
     unsafe { *out = raw };
@@ -809,9 +966,11 @@ fn get_pages(
 /// non-persistent table that a free already unlinked (its callback pending, running or done)
 /// is `NV_ERR_OBJECT_NOT_FOUND`, which it turns into success. The real driver dereferences a
 /// persistent table it does not know (`container_of`): a use after free, a `WARN` here.
-fn put_pages(table: *mut nv_p2p::PageTable, persistent: bool) -> Result {
+fn put_pages(table: PageTablePtr, persistent: bool) -> Result {
     let egpu = device()?;
-    let _api = API_LOCK.lock();
+    let _api = api_lock().inspect_err(|_| {
+        kernel::warn_on!(true);
+    })?;
     let mut inner = egpu.inner.lock();
     let Some((i, j)) = Egpu::find_mapping_locked(&inner, table) else {
         if persistent {
@@ -833,10 +992,7 @@ fn put_pages(table: *mut nv_p2p::PageTable, persistent: bool) -> Result {
     }
     let m = inner.allocs[i].mappings.remove(j).map_err(|_| EINVAL)?;
     inner.mappings -= 1;
-    if inner.allocs[i].freed && inner.allocs[i].mappings.is_empty() {
-        let a = inner.allocs.remove(i).map_err(|_| EINVAL)?;
-        release_range_locked(&mut inner, &a);
-    }
+    reap_locked(&mut inner);
     drop(inner);
     free_mapping(m);
     Ok(())
@@ -845,7 +1001,7 @@ fn put_pages(table: *mut nv_p2p::PageTable, persistent: bool) -> Result {
 /// The mapping of a page table that must be live: NVIDIA's dma_map/dma_unmap reach the table's
 /// `nv_p2p_mem_info` by `container_of` without any lookup, so a freed table is a use after free
 /// there; here it is a `WARN` and `EINVAL`.
-fn find_live_table(inner: &Inner, table: *mut nv_p2p::PageTable) -> Result<(usize, usize)> {
+fn find_live_table(inner: &Inner, table: PageTablePtr) -> Result<(usize, usize)> {
     let found = Egpu::find_mapping_locked(inner, table);
     if found.is_none() {
         kernel::warn_on!(true);
@@ -867,8 +1023,8 @@ pub(crate) extern "C" fn nvidia_p2p_get_pages(
     _va_space: u32,
     virtual_address: u64,
     length: u64,
-    page_table: *mut *mut nv_p2p::PageTable,
-    free_callback: Option<nv_p2p::FreeCallback>,
+    page_table: *mut PageTablePtr,
+    free_callback: Option<FreeCallback>,
     data: *mut c_void,
 ) -> i32 {
     if free_callback.is_none() {
@@ -889,11 +1045,18 @@ pub(crate) extern "C" fn nvidia_p2p_get_pages(
 pub(crate) extern "C" fn nvidia_p2p_get_pages_persistent(
     virtual_address: u64,
     length: u64,
-    page_table: *mut *mut nv_p2p::PageTable,
+    page_table: *mut PageTablePtr,
     flags: u32,
 ) -> i32 {
-    if flags & !nv_p2p::FLAGS_FORCE_BAR1_MAPPING != 0 {
-        return EINVAL.to_errno();
+    // 515 to 565 refuse any flag (`-EINVAL`); from 570 only FORCE_BAR1_MAPPING is looked at
+    // (other bits are ignored), and it is `NV_ERR_NOT_SUPPORTED` (`-ENOTSUPP`) unless the GPU
+    // is coherent (`RmP2PGetPagesPersistent`), which the emulated one is not.
+    match table_generation().0 {
+        Generation::R535 if flags != 0 => return EINVAL.to_errno(),
+        Generation::R580 if flags & nv_p2p_h::FLAGS_FORCE_BAR1_MAPPING != 0 => {
+            return -nv_p2p_h::ENOTSUPP
+        }
+        _ => {}
     }
     errno(get_pages(
         virtual_address,
@@ -911,7 +1074,7 @@ pub(crate) extern "C" fn nvidia_p2p_put_pages(
     _p2p_token: u64,
     _va_space: u32,
     _virtual_address: u64,
-    page_table: *mut nv_p2p::PageTable,
+    page_table: PageTablePtr,
 ) -> i32 {
     errno(put_pages(page_table, false))
 }
@@ -920,7 +1083,7 @@ pub(crate) extern "C" fn nvidia_p2p_put_pages(
 #[unsafe(no_mangle)]
 pub(crate) extern "C" fn nvidia_p2p_put_pages_persistent(
     _virtual_address: u64,
-    page_table: *mut nv_p2p::PageTable,
+    page_table: PageTablePtr,
     flags: u32,
 ) -> i32 {
     if flags != 0 {
@@ -929,87 +1092,79 @@ pub(crate) extern "C" fn nvidia_p2p_put_pages_persistent(
     errno(put_pages(page_table, true))
 }
 
-/// `nvidia_p2p_dma_map_pages`: bus addresses for a peer under the same switch, DMA-mapped
-/// addresses through an allowed host bridge, `-ENOTSUPP` when the peer cannot reach the memory.
+/// `nvidia_p2p_dma_map_pages`, as `rm_p2p_dma_map_pages` (`arch/nvalloc/unix/src/osapi.c`)
+/// does on a non-coherent GPU: under the API lock, the topology check
+/// (`nv_grdma_pci_topology_supported`, `kernel-open/nvidia/nv-pci.c`), which allows every peer
+/// unless the GPU's chipset is flagged unsupported (not the case here: the check applies none
+/// of the kernel's P2PDMA rules), then each page mapped for the peer with `dma_map_resource`
+/// (`nv_dma_map_peer` -> `nv_dma_map_mmio`, `nv-dma.c`: whenever the peer's DMA ops can, which
+/// dma-direct always can), the ones already mapped undone if one fails (`-EIO`).
 #[unsafe(no_mangle)]
 pub(crate) extern "C" fn nvidia_p2p_dma_map_pages(
     peer: *mut bindings::pci_dev,
-    page_table: *mut nv_p2p::PageTable,
-    dma_mapping: *mut *mut nv_p2p::DmaMapping,
+    page_table: PageTablePtr,
+    dma_mapping: *mut *mut NvidiaP2pDmaMapping,
 ) -> i32 {
     let r = (|| -> Result<i32> {
-        if peer.is_null() || dma_mapping.is_null() {
+        if peer.is_null() || page_table.is_null() || dma_mapping.is_null() {
             return Err(EINVAL);
         }
         let egpu = device()?;
         // SAFETY: the caller passes a valid, referenced `pci_dev`; `pci::Device` is a transparent
         // wrapper of it.
         let peer_dev: &pci::Device = unsafe { &*peer.cast::<pci::Device>() };
-        let mapped = match topology::map_type(&egpu.pdev, peer_dev) {
-            MapType::BusAddr => false,
-            MapType::ThruHostBridge => true,
-            MapType::NotSupported => return Ok(-nv_p2p::ENOTSUPP),
-        };
-        // `rm_p2p_dma_map_pages` runs under the API lock.
-        let _api = API_LOCK.lock();
+        let _api = api_lock()?;
         let mut inner = egpu.inner.lock();
         let (i, j) = find_live_table(&inner, page_table)?;
         let m = &mut inner.allocs[i].mappings[j];
-        // SAFETY: the table is live while it is recorded in the locked state.
-        let table = unsafe { &m.table.0.as_ref().table };
-        let n = table.entries as usize;
-        let mut addrs = KVec::with_capacity(n, GFP_KERNEL)?;
+        let n = m.table.phys.len();
+        // Room to record it, first: once mapped, recording it cannot fail.
+        m.dmas.reserve(1, GFP_KERNEL)?;
         let mut dma = KBox::new(
             DmaBox {
-                mapping: nv_p2p::DmaMapping {
-                    version: nv_p2p::DMA_MAPPING_VERSION,
-                    page_size_type: table.page_size,
-                    entries: 0,
-                    dma_addresses: core::ptr::null_mut(),
-                    private: core::ptr::null_mut(),
-                    pci_dev: peer,
-                },
-                addrs: KVec::new(),
-                mapped,
+                mapping: KBox::new(
+                    NvidiaP2pDmaMapping {
+                        version: nv_p2p_h::DMA_MAPPING_VERSION,
+                        page_size_type: nv_p2p_h::PAGE_SIZE_64KB,
+                        entries: 0,
+                        dma_addresses: core::ptr::null_mut(),
+                        private: core::ptr::null_mut(),
+                        pci_dev: peer,
+                    },
+                    GFP_KERNEL,
+                )?,
+                addrs: KVec::with_capacity(n, GFP_KERNEL)?,
                 peer: ARef::from(peer_dev),
             },
             GFP_KERNEL,
         )?;
         for k in 0..n {
-            // SAFETY: `pages` holds `entries` valid page pointers.
-            let phys = unsafe { (**table.pages.add(k)).physical_address };
-            let addr = if mapped {
-                // SAFETY: `phys` is a page of this device's BAR; `peer` is a valid device.
-                let addr = unsafe {
-                    bindings::dma_map_resource(
-                        &raw mut (*peer).dev,
-                        phys,
-                        PAGE as usize,
-                        bindings::dma_data_direction_DMA_BIDIRECTIONAL,
-                        0,
-                    )
-                };
-                // SAFETY: as above.
-                if unsafe { gdirect_dma_mapping_error((&raw mut (*peer).dev).cast(), addr) } != 0 {
-                    dma.addrs = addrs;
-                    free_dma(Owned(NonNull::from(KBox::leak(dma))));
-                    return Err(ENOMEM);
-                }
-                addr
-            } else {
-                phys + egpu.bus_offset()
+            let phys = m.table.phys[k];
+            // SAFETY: `phys` is a page of this device's BAR; `peer` is a valid device.
+            let addr = unsafe {
+                bindings::dma_map_resource(
+                    &raw mut (*peer).dev,
+                    phys,
+                    PAGE as usize,
+                    bindings::dma_data_direction_DMA_BIDIRECTIONAL,
+                    0,
+                )
             };
-            addrs.push(addr, GFP_KERNEL)?;
+            // SAFETY: as above.
+            if unsafe { egpu_dma_mapping_error((&raw mut (*peer).dev).cast(), addr) } != 0 {
+                free_dma(dma);
+                return Ok(EIO.to_errno());
+            }
+            // Cannot fail: the capacity is `n`.
+            dma.addrs.push_within_capacity(addr).map_err(|_| ENOMEM)?;
         }
-        dma.addrs = addrs;
         dma.mapping.entries = n as u32;
         dma.mapping.dma_addresses = dma.addrs.as_mut_ptr();
-        let dma = Owned(NonNull::from(KBox::leak(dma)));
-        let raw = dma.0.as_ptr().cast::<nv_p2p::DmaMapping>();
-        if let Err(e) = m.dmas.push(dma, GFP_KERNEL) {
+        let raw = dma.ptr();
+        if let Err(unrecorded) = m.dmas.push_within_capacity(dma) {
             drop(inner);
-            free_dma(Owned(NonNull::new(raw.cast::<DmaBox>()).ok_or(EINVAL)?));
-            return Err(e.into());
+            free_dma(unrecorded.0);
+            return Err(ENOMEM);
         }
         // SAFETY: checked non-null; the caller passes a valid location.
         unsafe { *dma_mapping = raw };
@@ -1018,24 +1173,22 @@ pub(crate) extern "C" fn nvidia_p2p_dma_map_pages(
     r.unwrap_or_else(|e| e.to_errno())
 }
 
-/// `nvidia_p2p_dma_unmap_pages`.
+/// `nvidia_p2p_dma_unmap_pages`: finds the table (it must be live: nvidia.ko reaches it by
+/// `container_of`), then takes the mapping off its list under the table's own lock, not the
+/// API lock (`nv_p2p_remove_dma_mapping`), so a free callback may call it for its table; a
+/// mapping no longer listed returns 0.
 #[unsafe(no_mangle)]
 pub(crate) extern "C" fn nvidia_p2p_dma_unmap_pages(
     _peer: *mut bindings::pci_dev,
-    page_table: *mut nv_p2p::PageTable,
-    dma_mapping: *mut nv_p2p::DmaMapping,
+    page_table: PageTablePtr,
+    dma_mapping: *mut NvidiaP2pDmaMapping,
 ) -> i32 {
     errno((|| -> Result {
         let egpu = device()?;
-        // `nv_p2p_remove_dma_mapping` runs under the table's own lock, not the API lock.
         let mut inner = egpu.inner.lock();
         let (i, j) = find_live_table(&inner, page_table)?;
         let dmas = &mut inner.allocs[i].mappings[j].dmas;
-        // A mapping no longer listed: 0, as `nvidia_p2p_dma_unmap_pages` returns.
-        let Some(k) = dmas
-            .iter()
-            .position(|d| d.0.as_ptr().cast::<nv_p2p::DmaMapping>() == dma_mapping)
-        else {
+        let Some(k) = dmas.iter().position(|d| d.ptr() == dma_mapping) else {
             return Ok(());
         };
         let dma = dmas.remove(k).map_err(|_| EINVAL)?;
@@ -1048,7 +1201,7 @@ pub(crate) extern "C" fn nvidia_p2p_dma_unmap_pages(
 /// `nvidia_p2p_free_page_table`: a no-op, as in current NVIDIA drivers; the driver frees page
 /// tables when they are put or after their free callback.
 #[unsafe(no_mangle)]
-pub(crate) extern "C" fn nvidia_p2p_free_page_table(page_table: *mut nv_p2p::PageTable) -> i32 {
+pub(crate) extern "C" fn nvidia_p2p_free_page_table(page_table: PageTablePtr) -> i32 {
     if page_table.is_null() {
         return EINVAL.to_errno();
     }
@@ -1057,7 +1210,7 @@ pub(crate) extern "C" fn nvidia_p2p_free_page_table(page_table: *mut nv_p2p::Pag
 
 /// `nvidia_p2p_free_dma_mapping`: a no-op, as in current NVIDIA drivers.
 #[unsafe(no_mangle)]
-pub(crate) extern "C" fn nvidia_p2p_free_dma_mapping(dma_mapping: *mut nv_p2p::DmaMapping) -> i32 {
+pub(crate) extern "C" fn nvidia_p2p_free_dma_mapping(dma_mapping: *mut NvidiaP2pDmaMapping) -> i32 {
     if dma_mapping.is_null() {
         return EINVAL.to_errno();
     }
@@ -1066,6 +1219,7 @@ pub(crate) extern "C" fn nvidia_p2p_free_dma_mapping(dma_mapping: *mut nv_p2p::D
 
 #[pin_data]
 struct EgpuModule {
+    _known: (),
     #[pin]
     _misc: OwnedMiscDevice<EgpuFile>,
     #[pin]
@@ -1079,7 +1233,13 @@ impl kernel::InPlaceModule for EgpuModule {
             DEVICE.init();
             API_LOCK.init();
         }
+        let series = *module_parameters::nv_driver.value();
+        let known = Generation::of_series(series).is_some();
+        if !known {
+            pr_err!("nv_driver={series}: not a driver series with nv-p2p (515 to 599)\n");
+        }
         try_pin_init!(Self {
+            _known: if known { Ok(()) } else { Err(EINVAL) }?,
             _misc <- OwnedMiscDevice::register(c"gdirect_egpu", 0o600, module),
             _driver <- driver::Registration::new(c"gdirect_egpu", module),
         })

@@ -28,7 +28,7 @@ ktap_set_plan 17
 
 # The emulated GPU's driver (it publishes the BAR as P2P memory), without gdirect:
 # sysfs alone.
-insmod "$GDIRECT_EGPU_MODULE" || ktap_exit_fail_msg "cannot load $GDIRECT_EGPU_MODULE"
+_egpu_insmod || ktap_exit_fail_msg "cannot load $GDIRECT_EGPU_MODULE"
 json=$(gdirect check --json)
 rc=$?
 pair() { echo "$json" | jq -r --arg m "$1" --arg s "$2" ".pairs[] | select(.memory == \$m and .storage == \$s) | $3"; }

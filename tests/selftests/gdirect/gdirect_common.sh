@@ -65,6 +65,12 @@ _unload_module_if_ours() {
 
 GDIRECT_EGPU_MODULE=${GDIRECT_EGPU_MODULE:-/lib/gdirect/gdirect_egpu.ko}
 
+# Loads the emulated GPU as the NVIDIA driver series this run emulates (scripts/vm
+# --nv-driver: GDIRECT_NV_DRIVER in rig.env), with parameters $@.
+_egpu_insmod() {
+	insmod "$GDIRECT_EGPU_MODULE" nv_driver="${GDIRECT_NV_DRIVER:-580}" "$@"
+}
+
 # Keeps the whole of block device $1 in a file in guest memory until _ns_restore
 # writes it back: for tests that write a namespace whose content other tests read.
 _ns_save() {
@@ -79,7 +85,7 @@ _ns_restore() {
 # Load the emulated GPU (and gdirect) for a test; _unload_all undoes both.
 _load_all() {
 	_load_module || return 1
-	[ -d /sys/module/gdirect_egpu ] || insmod "$GDIRECT_EGPU_MODULE"
+	[ -d /sys/module/gdirect_egpu ] || _egpu_insmod
 }
 
 _unload_all() {

@@ -21,7 +21,7 @@ ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIR
 _unload_all
 insmod "$GDIRECT_MODULE" max_in_flight=4 bounce_buffers=1 max_pinned_bytes=67108864 max_registrations=8 ||
 	ktap_exit_fail_msg "cannot load $GDIRECT_MODULE with small limits"
-insmod "$GDIRECT_EGPU_MODULE" || ktap_exit_fail_msg "cannot load $GDIRECT_EGPU_MODULE"
+_egpu_insmod || ktap_exit_fail_msg "cannot load $GDIRECT_EGPU_MODULE"
 _add_test_user
 chgrp gdirect /dev/gdirect /dev/gdirect_egpu && chmod 0660 /dev/gdirect_egpu
 kv() { echo "$1" | sed -nE "s/(^|.* )$2=([^ ]*).*/\2/p" | head -n 1; }

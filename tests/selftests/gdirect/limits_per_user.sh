@@ -35,7 +35,7 @@ M=1048576
 _unload_all
 insmod "$GDIRECT_MODULE" max_pinned_bytes_per_user=$((32 * M)) ||
 	ktap_exit_fail_msg "cannot load $GDIRECT_MODULE with max_pinned_bytes_per_user"
-insmod "$GDIRECT_EGPU_MODULE" || ktap_exit_fail_msg "cannot load $GDIRECT_EGPU_MODULE"
+_egpu_insmod || ktap_exit_fail_msg "cannot load $GDIRECT_EGPU_MODULE"
 _add_test_user
 chgrp gdirect /dev/gdirect /dev/gdirect_egpu && chmod 0660 /dev/gdirect_egpu
 

@@ -16,7 +16,7 @@ _require_root
 _require_cmd gdirect-reg gdirect jq
 _dmesg_mark
 _load_module || ktap_exit_fail_msg "cannot load gdirect"
-insmod "$GDIRECT_EGPU_MODULE" nopages=1 || ktap_exit_fail_msg "cannot load gdirect_egpu nopages=1"
+_egpu_insmod nopages=1 || ktap_exit_fail_msg "cannot load gdirect_egpu nopages=1"
 
 ktap_print_header
 ktap_set_plan 8
@@ -35,7 +35,7 @@ _test "REGISTER refuses it with EMEDIUMTYPE, plain and persistent" \
 	_expect_eq "refusals" "EMEDIUMTYPE EMEDIUMTYPE" \
 	"$(_kv "$out" register_persistent_false) $(_kv "$out" register_persistent_true)"
 _test "the pages are put back at once, nothing stays registered" _expect_eq "exit status" 0 "$rc"
-reload() { rmmod gdirect_egpu && insmod "$GDIRECT_EGPU_MODULE"; }
+reload() { rmmod gdirect_egpu && _egpu_insmod; }
 _test "the emulated GPU reloads in its default (p2pdma) mode" reload
 default_ok() { gdirect-reg egpu 1048576 "$(_nvme_bdf_by_serial "$GDIRECT_NVME0_SERIAL")" >/dev/null; }
 _test "and its memory registers again" default_ok

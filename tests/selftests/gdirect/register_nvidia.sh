@@ -23,7 +23,7 @@ ktap_print_header
 ktap_set_plan 13
 
 _test "without a GPU driver the nvidia provider is not reported" _expect_eq nvidia false "$(_info .providers.nvidia)"
-insmod "$GDIRECT_EGPU_MODULE" || ktap_exit_fail_msg "cannot load $GDIRECT_EGPU_MODULE"
+_egpu_insmod || ktap_exit_fail_msg "cannot load $GDIRECT_EGPU_MODULE"
 _test "with the emulated GPU's nv-p2p symbols it is" _expect_eq nvidia true "$(_info .providers.nvidia)"
 
 out=$(gdirect-reg egpu 1048576 "$nvme0")

@@ -13,9 +13,12 @@
 //!   memcg SIZE COUNT               COUNT registrations of one host buffer of SIZE bytes: the
 //!                                  `kernel` bytes of the caller's memory cgroup before and after
 //!                                  (the page arrays, 8 bytes a page, are charged to it)
-//!   pin host|egpu SIZE [hold]      one registration of SIZE bytes as the caller: prints
+//!   pin host|egpu SIZE [hold]      one registration of SIZE bytes as the caller (egpu ...
+//!                                  persistent: a persistent one): prints
 //!                                  `register=OK` (with the user's pinned bytes) or
-//!                                  `register=ERRNO error=MESSAGE`; with hold, then
+//!                                  `register=ERRNO [egpu_mappings=N] kind=KIND error=MESSAGE`
+//!                                  (N: page tables the emulated GPU still holds then, its
+//!                                  memory still allocated); with hold, then
 //!                                  `ready pid=PID`, and sleep until killed
 //!   stress THREADS CYCLES PEER     register/query/unregister loops on host and egpu memory
 //!   egpu-info                      the emulated GPU's allocations, mappings and callbacks
@@ -123,9 +126,10 @@ fn main() -> ExitCode {
             _ => return usage(),
         },
         (Some("pin"), _) => match (arg(1), num(2), arg(3)) {
-            (Some(kind @ ("host" | "egpu")), Some(size), hold @ (None | Some("hold"))) => {
-                pin(kind, size, hold.is_some())
+            (Some(kind @ ("host" | "egpu")), Some(size), how @ (None | Some("hold"))) => {
+                pin(kind, size, how.is_some(), false)
             }
+            (Some("egpu"), Some(size), Some("persistent")) => pin("egpu", size, false, true),
             _ => return usage(),
         },
         (Some("memcg"), _) => match (num(1), num(2)) {
@@ -1178,21 +1182,29 @@ fn hold(p2p_dev: PciAddress) -> gdirect::Result<()> {
     }
 }
 
-fn pin(kind: &str, size: u64, hold: bool) -> gdirect::Result<()> {
+fn pin(kind: &str, size: u64, hold: bool, persistent: bool) -> gdirect::Result<()> {
     let driver = Driver::open()?;
-    let gpu;
-    let mem: Box<dyn DeviceMemory> = match kind {
-        "host" => Box::new(HostBuffer::new(size as usize)?),
-        _ => {
-            gpu = Egpu::open()?;
-            Box::new(gpu.alloc(size)?)
-        }
+    let gpu = (kind != "host").then(Egpu::open).transpose()?;
+    let mem: Box<dyn DeviceMemory> = match &gpu {
+        None => Box::new(HostBuffer::new(size as usize)?),
+        Some(gpu) => Box::new(gpu.alloc(size)?),
     };
-    let reg = match driver.register(&*mem) {
+    let options = RegisterOptions::new().persistent(persistent);
+    let reg = match driver.register_with(&*mem, options) {
         Ok(reg) => reg,
         Err(e) => {
             let errno = e.errno().map_or("none".into(), |n| format!("{n:?}"));
-            println!("register={errno} error={}", e.to_string().replace(' ', "_"));
+            // The emulated GPU's own count of page tables held, while the memory is still
+            // allocated: 0 when the refused REGISTER put its pages back itself.
+            let held = match &gpu {
+                Some(gpu) => format!(" egpu_mappings={}", gpu.info()?.mappings),
+                None => String::new(),
+            };
+            println!(
+                "register={errno}{held} kind={:?} error={}",
+                e.kind(),
+                e.to_string().replace(' ', "_")
+            );
             return Ok(());
         }
     };
