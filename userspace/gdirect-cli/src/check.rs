@@ -90,7 +90,10 @@ pub(crate) fn run(device: &Path, sysfs: &Path, json: bool) -> ExitCode {
     let driver = Driver::open_path(device).ok();
     let mut inputs = Inputs::live(driver.as_ref());
     inputs.sysfs = sysfs.to_path_buf();
-    let report = topology::check(&inputs);
+    #[allow(unused_mut, reason = "only CUDA builds add checks")]
+    let mut report = topology::check(&inputs);
+    #[cfg(feature = "cuda")]
+    report.checks.extend(bar1_checks(sysfs));
     if json {
         print_report_json(&report, driver.is_some());
     } else {
@@ -101,6 +104,67 @@ pub(crate) fn run(device: &Path, sysfs: &Path, json: bool) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// BAR1 against each CUDA GPU's memory: NVIDIA's P2PDMA mode (the only one in which storage
+/// can DMA to GPU memory through the block layer) needs a static BAR1 that maps all of the
+/// GPU's memory, so a BAR1 smaller than the memory rules it out.
+#[cfg(feature = "cuda")]
+fn bar1_checks(sysfs: &Path) -> Vec<topology::Check> {
+    const GIB: f64 = (1u64 << 30) as f64;
+    gdirect::compat::device_facts()
+        .into_iter()
+        .map(|d| {
+            // BAR1, the framebuffer aperture: the function's largest memory BAR, from its
+            // `resource` file (`start end flags` per BAR). Its index depends on BAR0's width:
+            // resource 1 after a 32-bit BAR0, 2 after a 64-bit one (the H200 machine's).
+            let bar1 = std::fs::read_to_string(sysfs.join(format!("bus/pci/devices/{}/resource", d.pci)))
+                .ok()
+                .and_then(|r| {
+                    r.lines()
+                        .take(6)
+                        .filter_map(|l| {
+                            let v: Vec<u64> = l
+                                .split_whitespace()
+                                .filter_map(|x| u64::from_str_radix(x.trim_start_matches("0x"), 16).ok())
+                                .collect();
+                            // IORESOURCE_MEM
+                            (v.len() == 3 && v[2] & 0x200 != 0 && v[1] > v[0]).then(|| v[1] - v[0] + 1)
+                        })
+                        .max()
+                });
+            let mem = d.total_memory as f64 / GIB;
+            let (verdict, evidence, fix) = match bar1 {
+                Some(b) if b >= d.total_memory => (
+                    topology::Verdict::Ok,
+                    format!(
+                        "cuda:{} ({}): BAR1 {:.1} GiB over {mem:.1} GiB of memory: a static BAR1 mapping all of it is possible (NVIDIA's P2PDMA mode)",
+                        d.ordinal, d.pci, b as f64 / GIB
+                    ),
+                    None,
+                ),
+                Some(b) => (
+                    topology::Verdict::Warning,
+                    format!(
+                        "cuda:{} ({}): BAR1 {:.1} GiB, smaller than its {mem:.1} GiB of memory: no static BAR1, so no P2PDMA mode: gdirect refuses its memory (EMEDIUMTYPE) and reads through host memory",
+                        d.ordinal, d.pci, b as f64 / GIB
+                    ),
+                    Some("enable Resizable BAR (Above 4G Decoding) in the firmware, so that BAR1 covers all GPU memory".to_string()),
+                ),
+                None => (
+                    topology::Verdict::Warning,
+                    format!("cuda:{} ({}): its BAR1 cannot be read from sysfs", d.ordinal, d.pci),
+                    None,
+                ),
+            };
+            topology::Check {
+                name: "bar1",
+                verdict,
+                evidence,
+                fix,
+            }
+        })
+        .collect()
 }
 
 fn print_report_json(r: &Report, module_loaded: bool) {

@@ -285,7 +285,8 @@ impl Verdict {
 /// One check.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Check {
-    /// `module`, `iommu`, `acs`, `bar`, `numa`, `p2pdma`, `nvmeof`, `peer_memory`.
+    /// `module`, `nvidia_driver`, `iommu`, `acs`, `bar`, `numa`, `p2pdma`, `nvmeof`,
+    /// `peer_memory`.
     pub name: &'static str,
     /// The verdict.
     pub verdict: Verdict,
@@ -563,6 +564,8 @@ fn checks(
     // The module and its providers, or why it is not there.
     let nvidia_gpus = all.iter().any(|f| f.is_gpu() && f.vendor == 0x10de);
     out.extend(loading::checks(inputs, nvidia_gpus));
+    let version = std::fs::read_to_string(inputs.procfs.join("driver/nvidia/version")).ok();
+    out.extend(nvidia::check(version.as_deref(), nvidia_gpus));
 
     // IOMMU.
     let iommus = std::fs::read_dir(inputs.sysfs.join("class/iommu"))
@@ -809,6 +812,7 @@ fn checks(
 }
 
 mod loading;
+pub mod nvidia;
 
 #[cfg(test)]
 mod tests;

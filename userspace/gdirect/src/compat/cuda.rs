@@ -156,6 +156,47 @@ pub fn device_count() -> usize {
     CudaContext::device_count().map_or(0, |n| usize::try_from(n).unwrap_or(0))
 }
 
+/// A CUDA device as the driver describes it, without making a context: its PCI function and
+/// its memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceFacts {
+    /// Its CUDA ordinal.
+    pub ordinal: usize,
+    /// Its PCI function (`CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID`, `_BUS_ID`, `_DEVICE_ID`; function 0).
+    pub pci: crate::PciAddress,
+    /// Its memory in bytes (`cuDeviceTotalMem`).
+    pub total_memory: u64,
+}
+
+/// Every CUDA device this process can use (none where the driver library is missing).
+pub fn device_facts() -> Vec<DeviceFacts> {
+    use cudarc::driver::result::device;
+    use sys::CUdevice_attribute as A;
+    (0..device_count())
+        .filter_map(|ordinal| {
+            let dev = device::get(i32::try_from(ordinal).ok()?).ok()?;
+            // SAFETY: `dev` came from `cuDeviceGet` (the driver is initialised: `device_count`
+            // succeeded).
+            let attr = |a| unsafe { device::get_attribute(dev, a) }.ok();
+            let (domain, bus, slot) = (
+                attr(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?,
+            );
+            // SAFETY: as above.
+            let total_memory = unsafe { device::total_mem(dev) }.ok()? as u64;
+            let pci = format!("{domain:04x}:{bus:02x}:{slot:02x}.0")
+                .parse()
+                .ok()?;
+            Some(DeviceFacts {
+                ordinal,
+                pci,
+                total_memory,
+            })
+        })
+        .collect()
+}
+
 /// GPU memory as the destination, on one CUDA context.
 #[derive(Debug, Clone)]
 pub struct CudaBackend {

@@ -39,7 +39,9 @@ use std::{
 #[cfg(feature = "cuda")]
 pub(crate) use cuda::cuda_err;
 #[cfg(feature = "cuda")]
-pub use cuda::{device_count, driver_present, CudaBackend, DeviceAllocation};
+pub use cuda::{
+    device_count, device_facts, driver_present, CudaBackend, DeviceAllocation, DeviceFacts,
+};
 pub use host::HostBackend;
 pub use source::Source;
 pub use write::Sink;
