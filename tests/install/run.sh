@@ -101,6 +101,52 @@ check "DKMS's make variables are accepted" has "$out" "every check passed"
 out=$(bfrk --kdir "$kdir" --check)
 check "the test kernel's tree passes --check" has "$out" "every check passed" "ok       rustc"
 
+# NVIDIA's nv-p2p.h against what the module reads: headers written here from the facts of
+# the two generations (page table 1.2 up to 575, 2.0 with flags from 580.65.06), and ones a
+# driver could change. $1: directory; $2: version; $3: the table's fields; $4: get_pages's
+# free-callback parameter.
+nv_header() {
+	mkdir -p "$work/$1/nvidia"
+	cat >"$work/$1/nvidia/nv-p2p.h" <<H
+#define NVIDIA_P2P_PAGE_TABLE_VERSION   $2
+#define NVIDIA_P2P_PAGE_TABLE_FLAGS_CPU_CACHEABLE 0x1
+struct pci_dev;
+enum nvidia_p2p_page_size_type { NVIDIA_P2P_PAGE_SIZE_4KB = 0, NVIDIA_P2P_PAGE_SIZE_64KB,
+	NVIDIA_P2P_PAGE_SIZE_128KB, NVIDIA_P2P_PAGE_SIZE_COUNT };
+typedef struct nvidia_p2p_page { uint64_t physical_address; uint32_t registers[6]; } nvidia_p2p_page_t;
+typedef struct nvidia_p2p_page_table { $3 } nvidia_p2p_page_table_t;
+int nvidia_p2p_get_pages(uint64_t p2p_token, uint32_t va_space, uint64_t virtual_address, uint64_t length,
+	struct nvidia_p2p_page_table **page_table, $4, void *data);
+int nvidia_p2p_get_pages_persistent(uint64_t virtual_address, uint64_t length,
+	struct nvidia_p2p_page_table **page_table, uint32_t flags);
+int nvidia_p2p_put_pages(uint64_t p2p_token, uint32_t va_space, uint64_t virtual_address,
+	struct nvidia_p2p_page_table *page_table);
+int nvidia_p2p_put_pages_persistent(uint64_t virtual_address, struct nvidia_p2p_page_table *page_table,
+	uint32_t flags);
+int nvidia_p2p_free_page_table(struct nvidia_p2p_page_table *page_table);
+H
+	echo "$work/$1"
+}
+v1='uint32_t version; uint32_t page_size; struct nvidia_p2p_page **pages; uint32_t entries; uint8_t *gpu_uuid;'
+cb='void (*free_callback)(void *data)'
+out=$(bfrk --kdir "$(fixture ok)" --check --nvidia-src "$(nv_header nv535 0x00010002 "$v1" "$cb")")
+check "nv-p2p.h of a 535-series driver (page table 1.2): every fact holds" \
+	has "$out" "ok       nv-p2p.h" "page table 0x00010002" "every check passed"
+out=$(bfrk --kdir "$(fixture ok)" --check --nvidia-src "$(nv_header nv580 0x00020000 "$v1 uint32_t flags;" "$cb")")
+check "nv-p2p.h of a 580-series driver (2.0, flags): every fact holds" \
+	has "$out" "ok       nv-p2p.h" "page table 0x00020000" "every check passed"
+moved='uint32_t version; uint32_t page_size; struct nvidia_p2p_page **pages; uint64_t cookie; uint32_t entries; uint8_t *gpu_uuid;'
+out=$(bfrk --kdir "$(fixture ok)" --check --nvidia-src "$(nv_header moved 0x00010003 "$moved" "$cb")")
+check "a header whose entries field moved: refused, the field named" \
+	has "$out" "MISSING  nv-p2p.h" "gdirect: nvidia_p2p_page_table.entries at offset 16" "cannot build"
+out=$(bfrk --kdir "$(fixture ok)" --check --nvidia-src "$(nv_header nv3 0x00030000 "$v1 uint32_t flags;" "$cb")")
+check "a page table of major version 3: refused, the version named" \
+	has "$out" "MISSING  nv-p2p.h" "NVIDIA_P2P_PAGE_TABLE_VERSION is neither" "cannot build"
+out=$(bfrk --kdir "$(fixture ok)" --check --nvidia-src "$(nv_header sig 0x00020000 "$v1 uint32_t flags;" 'void (*free_callback)(void *data, int why)')")
+check "a changed get_pages signature: refused" has "$out" "MISSING  nv-p2p.h" "nvidia_p2p_get_pages" "cannot build"
+out=$(bfrk --kdir "$(fixture ok)" --check --nvidia-src "$work/none")
+check "--nvidia-src without nv-p2p.h: refused" has "$out" "no nv-p2p.h under $work/none"
+
 # 2. make install / uninstall into DESTDIR: a root that holds kernel $release (its
 # modules.order and modules.builtin, as an installed kernel has them).
 dest=$work/dest
