@@ -681,7 +681,8 @@ fn a_gpu_read_leaves_the_callers_context_as_it_was() {
 }
 
 /// A write from device memory waits for the work queued on it, whatever stream it is on: the
-/// memory (poisoned first) is filled by a copy queued on a non-blocking stream behind a kernel
+/// memory (poisoned first) is filled by a device-to-device copy queued on a non-blocking stream
+/// behind a kernel
 /// that spins for about half a second, and the file gets the filled bytes. The same write
 /// through the settled variant (which trusts its caller to have waited) gets the poison: the
 /// fill was still queued, so the check can fail. Run on a GPU machine:
@@ -712,6 +713,10 @@ fn a_gpu_write_waits_for_work_queued_on_any_stream() {
     let r = unsafe { sys::cuModuleGetFunction(&mut spin, module, c"spin".as_ptr()) };
     assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
     let side = ctx.new_stream().expect("a non-blocking stream");
+    // The bytes, on the GPU already: the fill is a device-to-device copy, which the host does
+    // not wait for (a copy from pageable host memory would make the host wait for the stream).
+    let src = side.clone_htod(&f.data).expect("the bytes on the GPU");
+    side.synchronize().expect("copied");
     let write = |settled: bool| -> Vec<u8> {
         let mut mem = side.alloc_zeros::<u8>(f.data.len()).expect("GPU memory");
         side.memcpy_htod(&vec![0xa5u8; f.data.len()], &mut mem)
@@ -736,8 +741,7 @@ fn a_gpu_write_waits_for_work_queued_on_any_stream() {
             )
         };
         assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "launching the spin kernel");
-        side.memcpy_htod(&f.data, &mut mem)
-            .expect("the queued fill");
+        side.memcpy_dtod(&src, &mut mem).expect("the queued fill");
         let ptr = cudarc::driver::DevicePtr::device_ptr(&mem, &side).0;
         let out = std::env::temp_dir().join(format!(
             "gdirect-compat-{}-queued-{settled}",
