@@ -28,12 +28,11 @@ GD_FACT(offsetof(struct nvidia_p2p_page, physical_address) == 0, "nvidia_p2p_pag
 GD_FACT(NVIDIA_P2P_PAGE_SIZE_4KB == 0 && NVIDIA_P2P_PAGE_SIZE_64KB == 1 && NVIDIA_P2P_PAGE_SIZE_128KB == 2,
 	"enum nvidia_p2p_page_size_type is 4KB = 0, 64KB = 1, 128KB = 2");
 
-/* The functions the module calls, with the signatures it calls them by. */
-static int (*const gd_get_pages)(uint64_t, uint32_t, uint64_t, uint64_t, struct nvidia_p2p_page_table **,
-				 void (*)(void *), void *) = nvidia_p2p_get_pages;
-static int (*const gd_get_pages_persistent)(uint64_t, uint64_t, struct nvidia_p2p_page_table **,
-					    uint32_t) = nvidia_p2p_get_pages_persistent;
-static int (*const gd_put_pages)(uint64_t, uint32_t, uint64_t, struct nvidia_p2p_page_table *) = nvidia_p2p_put_pages;
-static int (*const gd_put_pages_persistent)(uint64_t, struct nvidia_p2p_page_table *, uint32_t) =
-	nvidia_p2p_put_pages_persistent;
-static int (*const gd_free_page_table)(struct nvidia_p2p_page_table *) = nvidia_p2p_free_page_table;
+/* The functions the module calls, with the signatures it calls them by (GCC and clang). */
+#define GD_SIGNATURE(fn, type) GD_FACT(__builtin_types_compatible_p(__typeof__(&fn), type), #fn " has the signature " #type)
+GD_SIGNATURE(nvidia_p2p_get_pages, int (*)(uint64_t, uint32_t, uint64_t, uint64_t, struct nvidia_p2p_page_table **,
+					    void (*)(void *), void *));
+GD_SIGNATURE(nvidia_p2p_get_pages_persistent, int (*)(uint64_t, uint64_t, struct nvidia_p2p_page_table **, uint32_t));
+GD_SIGNATURE(nvidia_p2p_put_pages, int (*)(uint64_t, uint32_t, uint64_t, struct nvidia_p2p_page_table *));
+GD_SIGNATURE(nvidia_p2p_put_pages_persistent, int (*)(uint64_t, struct nvidia_p2p_page_table *, uint32_t));
+GD_SIGNATURE(nvidia_p2p_free_page_table, int (*)(struct nvidia_p2p_page_table *));

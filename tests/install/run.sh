@@ -143,7 +143,7 @@ out=$(bfrk --kdir "$(fixture ok)" --check --nvidia-src "$(nv_header nv3 0x000300
 check "a page table of major version 3: refused, the version named" \
 	has "$out" "MISSING  nv-p2p.h" "NVIDIA_P2P_PAGE_TABLE_VERSION is neither" "cannot build"
 out=$(bfrk --kdir "$(fixture ok)" --check --nvidia-src "$(nv_header sig 0x00020000 "$v1 uint32_t flags;" 'void (*free_callback)(void *data, int why)')")
-check "a changed get_pages signature: refused" has "$out" "MISSING  nv-p2p.h" "nvidia_p2p_get_pages" "cannot build"
+check "a changed get_pages signature: refused, the function named" has "$out" "MISSING  nv-p2p.h" "gdirect: nvidia_p2p_get_pages has the signature" "cannot build"
 out=$(bfrk --kdir "$(fixture ok)" --check --nvidia-src "$work/none")
 check "--nvidia-src without nv-p2p.h: refused" has "$out" "no nv-p2p.h under $work/none"
 
