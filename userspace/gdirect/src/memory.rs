@@ -337,10 +337,20 @@ impl Drop for P2pMem {
 /// GPU memory allocated through cudarc: registered with the `nvidia` provider by its device
 /// address. The nv-p2p interface needs 64 KiB aligned addresses and lengths: allocate with
 /// room to spare and register an aligned view if the allocation is not.
+///
+/// Only slices of [`Plain`](crate::gpu::Plain) elements (integers and floats): a transfer
+/// fills the memory with a file's bytes, which cudarc's safe copies then hand back as values,
+/// so an element type with invalid bit patterns could not be one (this does not compile):
+///
+/// ```compile_fail,E0277
+/// fn fill(driver: &gdirect::Driver, flags: &cudarc::driver::CudaSlice<bool>) {
+///     let _ = driver.register(flags);
+/// }
+/// ```
 // SAFETY: the device allocation belongs to the slice and is freed only when it is dropped;
-// its address and byte length are cudarc's.
+// its address and byte length are cudarc's; every bit pattern is a valid `T` (`Plain`).
 #[cfg(feature = "cuda")]
-unsafe impl<T> DeviceMemory for cudarc::driver::CudaSlice<T> {
+unsafe impl<T: crate::gpu::Plain> DeviceMemory for cudarc::driver::CudaSlice<T> {
     fn provider(&self) -> Provider {
         Provider::Nvidia
     }
