@@ -253,6 +253,10 @@ impl File {
         len: u64,
         file_offset: u64,
     ) -> PyResult<Bound<'py, PyDict>> {
+        if len == 0 {
+            // An empty array (its pointer may be 0, in no allocation): nothing to read.
+            return run_reported(py, "cuda", || Ok(Default::default()));
+        }
         let ordinal = device_range(ptr, len)?;
         let engine = cuda_engine(ordinal)?;
         run_reported(py, &format!("cuda:{ordinal}"), || {
@@ -296,6 +300,9 @@ impl File {
         file_offset: u64,
     ) -> PyResult<Bound<'py, PyDict>> {
         let sink = self.sink()?;
+        if len == 0 {
+            return run_reported(py, "cuda", || Ok(Default::default()));
+        }
         let ordinal = device_range(ptr, len)?;
         let engine = cuda_engine(ordinal)?;
         run_reported(py, &format!("cuda:{ordinal}"), || {

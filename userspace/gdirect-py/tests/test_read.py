@@ -5,6 +5,7 @@ end of the file, settings, and the errors bad input gets. Every byte is compared
 
 import array
 import errno
+import os
 
 import numpy as np
 import pytest
@@ -230,3 +231,55 @@ def test_dlpack_destinations_that_cannot_be_written_are_refused(data_file):
         f.read(DLPackOnly(ro))
     with pytest.raises(ValueError, match="device type is 4"):
         f.read(DLPackOnly(np.zeros(64, np.uint8), device=(4, 0)))
+
+
+def test_a_fifo_and_a_character_device_are_refused_at_once(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, what in ((fifo, "a FIFO"), ("/dev/null", "a character device")):
+        for mode in ("r", "r+"):
+            with pytest.raises(OSError) as e:
+                gdirect.File(path, mode)
+            assert e.value.errno == errno.ESPIPE and what in str(e.value), (path, mode)
+
+
+class _TensorOn:
+    """What gdirect sees of a PyTorch tensor on another kind of device (an XPU's, an HPU's)."""
+
+    def __init__(self, device_type):
+        self.device = type("device", (), {"type": device_type})()
+        self.is_cuda = False
+
+    def data_ptr(self):
+        return 0x1000
+
+    def element_size(self):
+        return 1
+
+    def is_contiguous(self):
+        return True
+
+    def numel(self):
+        return 4096
+
+
+@pytest.mark.parametrize("device", ["xpu", "hpu", "mps"])
+def test_a_tensor_on_another_accelerator_is_refused(data_file, device, tmp_path):
+    path, _ = data_file
+    with pytest.raises(TypeError, match=f"on a {device} device"):
+        gdirect.File(path).read(_TensorOn(device))
+    with pytest.raises(TypeError, match=f"on a {device} device"):
+        gdirect.File(tmp_path / "w.bin", "w").write(_TensorOn(device))
+
+
+class _EmptyCudaArray:
+    __cuda_array_interface__ = {"data": (0, False), "shape": (0,), "typestr": "|u1", "version": 3}
+
+
+def test_an_empty_cuda_array_reads_and_writes_nothing(data_file, tmp_path):
+    path, _ = data_file
+    r = gdirect.File(path).read(_EmptyCudaArray())
+    assert (r.bytes, r.memory) == (0, "cuda")
+    out = tmp_path / "empty.bin"
+    r = gdirect.File(out, "w").write(_EmptyCudaArray())
+    assert r.bytes == 0 and out.read_bytes() == b""

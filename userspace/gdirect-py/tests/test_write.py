@@ -90,10 +90,31 @@ def test_bad_modes_missing_files_and_a_full_device(tmp_path):
     with pytest.raises(FileNotFoundError):
         gdirect.File(tmp_path / "missing", "r+")
     assert not (tmp_path / "missing").exists()
+    # A character device takes no positional writes: refused when opened.
     if os.path.exists("/dev/full"):
         with pytest.raises(OSError) as e:
-            gdirect.File("/dev/full", "r+").write(bytes(1 << 16), file_offset=4096)
-        assert e.value.errno == errno.ENOSPC and "/dev/full" in str(e.value)
+            gdirect.File("/dev/full", "r+")
+        assert e.value.errno == errno.ESPIPE and "a character device" in str(e.value)
+
+
+def test_a_write_that_cannot_complete_says_where_it_stopped(tmp_path):
+    """The file may not grow past 16 KiB (RLIMIT_FSIZE, SIGXFSZ ignored): a 64 KiB write
+    fails with EFBIG, naming the file and the offset it reached."""
+    import resource
+    import signal
+
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    path = tmp_path / "limited.bin"
+    f = gdirect.File(path, "w")
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16384, old_limit[1]))
+        with pytest.raises(OSError) as e:
+            f.write(bytes(1 << 16))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert e.value.errno == errno.EFBIG and str(path) in str(e.value), e.value
 
 
 @pytest.mark.parametrize(

@@ -244,6 +244,17 @@ pub enum Error {
         path: PathBuf,
     },
 
+    /// Neither a regular file nor a block device: no positional reads or writes.
+    #[error(
+        "{path} is {what}: gdirect reads and writes regular files and block devices, by offset"
+    )]
+    NotSeekable {
+        /// The file.
+        path: PathBuf,
+        /// What it is.
+        what: &'static str,
+    },
+
     /// The file is not open for the transfer's direction, or not an open file.
     #[error("{path} is not open for this transfer (read needs reading, write needs writing)")]
     BadFile {
@@ -447,6 +458,7 @@ impl Error {
             Self::OpenFile { .. } => ErrorKind::OpenFile,
             Self::NotDirect { .. } => ErrorKind::NotDirect,
             Self::BadFile { .. } => ErrorKind::BadFile,
+            Self::NotSeekable { .. } => ErrorKind::NotSeekable,
             Self::IoMisaligned { .. } => ErrorKind::IoMisaligned,
             Self::OutOfRegistration { .. } => ErrorKind::OutOfRegistration,
             Self::NotBlockBacked { .. } => ErrorKind::NotBlockBacked,
@@ -495,6 +507,7 @@ impl Error {
             Self::StaleBuffer { .. } => Some(Errno::ESTALE),
             Self::NotDirect { .. } => Some(Errno::EBADFD),
             Self::BadFile { .. } => Some(Errno::EBADF),
+            Self::NotSeekable { .. } => Some(Errno::ESPIPE),
             Self::IoMisaligned { .. } => Some(Errno::ERANGE),
             Self::OutOfRegistration { .. } => Some(Errno::EOVERFLOW),
             Self::NotBlockBacked { .. } => Some(Errno::ENOTBLK),
@@ -611,6 +624,8 @@ pub enum ErrorKind {
     NotDirect,
     /// The file is not open for the transfer's direction ([`Error::BadFile`]).
     BadFile,
+    /// Neither a regular file nor a block device ([`Error::NotSeekable`]).
+    NotSeekable,
     /// Offsets or length not multiples of the logical block size ([`Error::IoMisaligned`]).
     IoMisaligned,
     /// The range is past the end of the registration ([`Error::OutOfRegistration`]).
@@ -672,6 +687,7 @@ impl ErrorKind {
             Self::OpenFile => "open_file",
             Self::NotDirect => "not_direct",
             Self::BadFile => "bad_file",
+            Self::NotSeekable => "not_seekable",
             Self::IoMisaligned => "io_misaligned",
             Self::OutOfRegistration => "out_of_registration",
             Self::NotBlockBacked => "not_block_backed",

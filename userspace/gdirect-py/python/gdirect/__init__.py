@@ -124,6 +124,11 @@ def _target(obj: Any, writable: bool = True) -> _Target:
     if all(hasattr(obj, a) for a in ("data_ptr", "element_size", "is_contiguous", "numel", "is_cuda")):
         if writable and getattr(obj, "requires_grad", False):
             raise ValueError("the destination tensor requires grad: pass tensor.detach()")
+        device = getattr(getattr(obj, "device", None), "type", "cuda" if obj.is_cuda else "cpu")
+        if device not in ("cuda", "cpu"):
+            raise TypeError(
+                f"the {role} tensor is on a {device} device: gdirect moves CUDA and CPU memory"
+            )
         if not obj.is_contiguous():
             raise ValueError(f"the {role} tensor is not contiguous")
         kind = "cuda" if obj.is_cuda else "host"

@@ -139,7 +139,13 @@ impl Source {
             path: path.clone(),
             errno: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
         };
-        let buffered = std::fs::File::open(&path).map_err(open_err)?;
+        // Non-blocking, so that a FIFO's open does not wait for a writer; refused just below.
+        let buffered = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(open_err)?;
+        positional(&buffered, &path)?;
         // Buffered reads serve data already cached (or a file system without O_DIRECT, read in
         // whole tasks): readahead would only pull in pages the direct reads then skip.
         // SAFETY: plain syscall on our descriptor; advice only.
@@ -265,6 +271,55 @@ fn dio_align(f: &std::fs::File) -> Option<(u32, u32)> {
     };
     (r == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0)
         .then_some((stx.stx_dio_offset_align, stx.stx_dio_mem_align))
+}
+
+/// Refuses what is neither a regular file nor a block device (`Error::NotSeekable`: a FIFO, a
+/// socket, a character device; `EISDIR` for a directory), whose reads would not be positional,
+/// then clears the `O_NONBLOCK` it was opened with.
+pub(crate) fn positional(f: &std::fs::File, path: &Path) -> Result<()> {
+    let t = f
+        .metadata()
+        .map_err(|e| Error::OpenFile {
+            path: path.to_path_buf(),
+            errno: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        })?
+        .file_type();
+    refuse_special(t, path)?;
+    // SAFETY: plain fcntl on our own descriptor.
+    let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
+    if flags >= 0 {
+        // SAFETY: as above.
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) };
+    }
+    Ok(())
+}
+
+/// `Ok` for a regular file or a block device; the error for anything else.
+pub(crate) fn refuse_special(t: std::fs::FileType, path: &Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let what = if t.is_file() || t.is_block_device() {
+        None
+    } else if t.is_dir() {
+        return Err(Error::OpenFile {
+            path: path.to_path_buf(),
+            errno: Errno::EISDIR,
+        });
+    } else if t.is_fifo() {
+        Some("a FIFO")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else if t.is_char_device() {
+        Some("a character device")
+    } else {
+        Some("not a regular file")
+    };
+    match what {
+        Some(what) => Err(Error::NotSeekable {
+            path: path.to_path_buf(),
+            what,
+        }),
+        None => Ok(()),
+    }
 }
 
 fn file_id(f: &std::fs::File) -> io::Result<FileId> {

@@ -781,6 +781,30 @@ fn a_gpu_write_waits_for_work_queued_on_any_stream() {
 }
 
 #[test]
+fn a_fifo_and_a_character_device_are_refused_at_open_without_waiting() {
+    let fifo = std::env::temp_dir().join(format!("gdirect-compat-{}-fifo", std::process::id()));
+    let _ = std::fs::remove_file(&fifo);
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    for (path, what) in [
+        (fifo.as_path(), "a FIFO"),
+        (Path::new("/dev/null"), "a character device"),
+    ] {
+        match Source::open(path) {
+            Err(Error::NotSeekable { what: w, .. }) => assert_eq!(w, what),
+            other => panic!("reading {}: {other:?}", path.display()),
+        }
+        match Sink::open(path, false, false) {
+            Err(e @ Error::NotSeekable { .. }) => {
+                assert_eq!(e.errno(), Some(Errno::ESPIPE));
+                assert!(e.to_string().contains(what), "{e}");
+            }
+            other => panic!("writing {}: {other:?}", path.display()),
+        }
+    }
+    let _ = std::fs::remove_file(&fifo);
+}
+
+#[test]
 fn a_direct_read_cut_inside_a_block_is_not_the_end_when_the_file_goes_on() {
     let f = TempFile::new("cut", 4 << 20, 12);
     let src = Source::open(&f.path).expect("open");

@@ -12,7 +12,7 @@
 use std::{
     fs::OpenOptions,
     io,
-    os::fd::AsRawFd,
+    os::{fd::AsRawFd, unix::fs::OpenOptionsExt},
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -48,12 +48,19 @@ impl Sink {
             path: path.clone(),
             errno: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
         };
+        // A FIFO or a socket is refused before it is opened (a FIFO's write side without a
+        // reader cannot be opened at all), and anything else after.
+        if let Ok(m) = std::fs::metadata(&path) {
+            super::source::refuse_special(m.file_type(), &path)?;
+        }
         let buffered = OpenOptions::new()
             .write(true)
             .create(create)
             .truncate(truncate)
+            .custom_flags(libc::O_NONBLOCK)
             .open(&path)
             .map_err(open_err)?;
+        super::source::positional(&buffered, &path)?;
         let (direct, direct_align) = direct_twin(&buffered, &path, true);
         Ok(Self {
             path,
