@@ -98,10 +98,7 @@ impl ThreadGroup {
     fn current() -> Option<Self> {
         // SAFETY: `current` is a live task; a non-NULL result holds a reference on the pid.
         NonNull::new(unsafe {
-            bindings::get_task_pid(
-                kernel::current!().as_ptr(),
-                bindings::pid_type_PIDTYPE_TGID,
-            )
+            bindings::get_task_pid(kernel::current!().as_ptr(), bindings::pid_type_PIDTYPE_TGID)
         })
         .map(Self)
     }

@@ -238,8 +238,12 @@ impl TableBox {
     /// The address the client knows the table by.
     fn ptr(&self) -> PageTablePtr {
         match &self.table {
-            TableStruct::R535(t) => core::ptr::from_ref::<NvidiaP2pPageTableR535>(t).cast_mut().cast(),
-            TableStruct::R580(t) => core::ptr::from_ref::<NvidiaP2pPageTableR580>(t).cast_mut().cast(),
+            TableStruct::R535(t) => core::ptr::from_ref::<NvidiaP2pPageTableR535>(t)
+                .cast_mut()
+                .cast(),
+            TableStruct::R580(t) => core::ptr::from_ref::<NvidiaP2pPageTableR580>(t)
+                .cast_mut()
+                .cast(),
         }
     }
 }
@@ -289,7 +293,13 @@ struct Alloc {
 /// `os_get_current_process()` (`kernel-open/nvidia/os-interface.c`) returns it, whatever pid
 /// namespace the caller is in.
 fn current_tgid() -> i32 {
-    kernel::current!().group_leader().pid()
+    // The tgid in the initial pid namespace, which is `current->tgid`, read through C: the
+    // Rust bindings misplace `task_struct`'s later fields on a kernel without SCHEDSTATS (the
+    // rig's; `kernel/shim.c` says why), and a field read gave -1 for every task.
+    // SAFETY: `init_pid_ns` is the kernel's static initial namespace, valid forever.
+    let init =
+        unsafe { kernel::pid_namespace::PidNamespace::from_ptr(&raw const bindings::init_pid_ns) };
+    kernel::current!().tgid_nr_ns(Some(init))
 }
 
 impl Alloc {
@@ -306,6 +316,7 @@ struct Inner {
     /// One entry per `PAGE` of BAR2: in use or not.
     used: KVec<bool>,
     allocs: KVec<Alloc>,
+    /// Page tables held by clients: handed out and neither put nor being revoked by a free.
     mappings: u32,
 }
 
@@ -416,6 +427,10 @@ impl Egpu {
                 }
             }
         }
+        // The tables being revoked no longer count as held (`EGPU_IOC_INFO`'s `mappings`):
+        // from here the free holds the API lock until each callback is done, and tests watch
+        // the count fall to act in that window.
+        inner.mappings -= revoke.len() as u32;
         reap_locked(&mut inner);
         drop(inner);
         if va.is_some() && !found {
@@ -465,7 +480,6 @@ impl Egpu {
         let Ok(m) = inner.allocs[i].mappings.remove(j) else {
             return;
         };
-        inner.mappings -= 1;
         reap_locked(&mut inner);
         drop(inner);
         free_mapping(m);
@@ -845,8 +859,8 @@ impl MiscDevice for EgpuFile {
 
 /// The page-table layout and version this load of the emulator hands out (its parameters).
 fn table_generation() -> (Generation, u32) {
-    let generation = Generation::of_series(*module_parameters::nv_driver.value())
-        .unwrap_or(Generation::R580);
+    let generation =
+        Generation::of_series(*module_parameters::nv_driver.value()).unwrap_or(Generation::R580);
     match *module_parameters::page_table_version.value() {
         0 => (generation, generation.page_table_version()),
         v => (generation, v),

@@ -516,14 +516,15 @@ fn revoke_race(rounds: u64, peer: PciAddress) -> gdirect::Result<()> {
     Ok(())
 }
 
-/// How long a free holds the GPU driver's lock between unlinking its mappings and running the
-/// callbacks. The other side acts as soon as it sees the unlink ([`wait_for_unlink`]).
+/// How long a free holds the GPU driver's lock between taking its mappings and running the
+/// callbacks. The other side acts as soon as it sees them taken ([`wait_for_unlink`]).
 const WINDOW: Duration = Duration::from_millis(60);
 
-/// Waits until a free has unlinked the mappings of the allocation it frees (the emulated GPU's
-/// count of page tables fell below `mapped`): from there the free holds the driver's lock until
-/// its callback is done, so what the caller does next meets the free in its window or after it,
-/// never before. Polled rather than slept: a slow machine (the debug kernel under TCG, with
+/// Waits until a free has taken the mappings of the allocation it frees (the emulated GPU's
+/// count of page tables held fell below `mapped`; the tables stay linked until each callback
+/// has run, as in nvidia.ko): from there the free holds the driver's lock until its callback
+/// is done, so what the caller does next meets the free in its window or after it, never
+/// before. Polled rather than slept: a slow machine (the debug kernel under TCG, with
 /// other work on the host) can take longer than any fixed delay to get the freeing thread there.
 fn wait_for_unlink(gpu: &Egpu, mapped: u32) -> gdirect::Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
