@@ -145,7 +145,7 @@ impl Source {
             .custom_flags(libc::O_NONBLOCK)
             .open(&path)
             .map_err(open_err)?;
-        positional(&buffered, &path)?;
+        positional(&buffered, &path, false)?;
         // Buffered reads serve data already cached (or a file system without O_DIRECT, read in
         // whole tasks): readahead would only pull in pages the direct reads then skip.
         // SAFETY: plain syscall on our descriptor; advice only.
@@ -274,9 +274,9 @@ fn dio_align(f: &std::fs::File) -> Option<(u32, u32)> {
 }
 
 /// Refuses what is neither a regular file nor a block device (`Error::NotSeekable`: a FIFO, a
-/// socket, a character device; `EISDIR` for a directory), whose reads would not be positional,
-/// then clears the `O_NONBLOCK` it was opened with.
-pub(crate) fn positional(f: &std::fs::File, path: &Path) -> Result<()> {
+/// socket, a character device, the last allowed where `char_ok`; `EISDIR` for a directory),
+/// whose reads would not be positional, then clears the `O_NONBLOCK` it was opened with.
+pub(crate) fn positional(f: &std::fs::File, path: &Path, char_ok: bool) -> Result<()> {
     let t = f
         .metadata()
         .map_err(|e| Error::OpenFile {
@@ -284,7 +284,7 @@ pub(crate) fn positional(f: &std::fs::File, path: &Path) -> Result<()> {
             errno: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
         })?
         .file_type();
-    refuse_special(t, path)?;
+    refuse_special(t, path, char_ok)?;
     // SAFETY: plain fcntl on our own descriptor.
     let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
     if flags >= 0 {
@@ -294,10 +294,12 @@ pub(crate) fn positional(f: &std::fs::File, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `Ok` for a regular file or a block device; the error for anything else.
-pub(crate) fn refuse_special(t: std::fs::FileType, path: &Path) -> Result<()> {
+/// `Ok` for a regular file or a block device (and a character device where `char_ok`: a write
+/// sink, whose `pwrite` the device answers, as `/dev/full` with `ENOSPC`); the error for
+/// anything else.
+pub(crate) fn refuse_special(t: std::fs::FileType, path: &Path, char_ok: bool) -> Result<()> {
     use std::os::unix::fs::FileTypeExt;
-    let what = if t.is_file() || t.is_block_device() {
+    let what = if t.is_file() || t.is_block_device() || (char_ok && t.is_char_device()) {
         None
     } else if t.is_dir() {
         return Err(Error::OpenFile {

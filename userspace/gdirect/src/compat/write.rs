@@ -49,9 +49,10 @@ impl Sink {
             errno: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
         };
         // A FIFO or a socket is refused before it is opened (a FIFO's write side without a
-        // reader cannot be opened at all), and anything else after.
+        // reader cannot be opened at all); a character device takes positional writes as it
+        // answers them (`/dev/full`: `ENOSPC`).
         if let Ok(m) = std::fs::metadata(&path) {
-            super::source::refuse_special(m.file_type(), &path)?;
+            super::source::refuse_special(m.file_type(), &path, true)?;
         }
         let buffered = OpenOptions::new()
             .write(true)
@@ -60,7 +61,7 @@ impl Sink {
             .custom_flags(libc::O_NONBLOCK)
             .open(&path)
             .map_err(open_err)?;
-        super::source::positional(&buffered, &path)?;
+        super::source::positional(&buffered, &path, true)?;
         let (direct, direct_align) = direct_twin(&buffered, &path, true);
         Ok(Self {
             path,
