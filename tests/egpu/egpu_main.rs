@@ -295,7 +295,7 @@ struct Alloc {
 fn current_tgid() -> i32 {
     // The tgid in the initial pid namespace, which is `current->tgid`, read through C: the
     // Rust bindings misplace `task_struct`'s later fields on a kernel without SCHEDSTATS (the
-    // rig's; `kernel/shim.c` says why), and a field read gave -1 for every task.
+    // rig's; the module's C shim says why), and a field read gave -1 for every task.
     // SAFETY: `init_pid_ns` is the kernel's static initial namespace, valid forever.
     let init =
         unsafe { kernel::pid_namespace::PidNamespace::from_ptr(&raw const bindings::init_pid_ns) };

@@ -31,24 +31,27 @@ finds() { # finds WHAT: the check exits 1 and prints WHAT
 }
 
 check "the committed emulator shares nothing with the module" tests/egpu/independent.sh
+# The planted lines name the module's directory through $mod, so that a search of this tree for
+# emulator sources that include the module's does not take them for real ones.
+mod=kernel
 copy
-printf '#[path = "../../kernel/nv_p2p.rs"]\nmod nv_p2p;\n' >>"$work/tree/tests/egpu/egpu_main.rs"
+printf '#[path = "../../%s/nv_p2p.rs"]\nmod nv_p2p;\n' "$mod" >>"$work/tree/tests/egpu/egpu_main.rs"
 check "a module file included by path is found" finds 'includes from outside tests/egpu: egpu_main.rs'
 copy
-echo '#include "../../kernel/shim.c"' >>"$work/tree/tests/egpu/egpu_exports.c"
+printf '#include "../../%s/shim.c"\n' "$mod" >>"$work/tree/tests/egpu/egpu_exports.c"
 check "the module's C shim included is found" finds 'includes from outside tests/egpu: egpu_exports.c'
 copy
 cp kernel/misc.rs "$work/tree/tests/egpu/shared.rs"
 check "a file copied from the module is found" finds 'shared.rs is a copy of the module'
 copy
-echo 'gdirect_egpu-y += ../../kernel/shim.o' >>"$work/tree/tests/egpu/Kbuild"
+printf 'gdirect_egpu-y += ../../%s/shim.o\n' "$mod" >>"$work/tree/tests/egpu/Kbuild"
 check "an object of the module in the emulator's Kbuild is found" finds 'Kbuild builds a file from outside'
 
 kdir=$(kernel_build_dir test)
 if [ -f "$kdir/.gdirect-complete" ]; then
 	mapfile -t margs < <(kmake_args)
 	copy
-	printf '#[path = "../../kernel/nv_p2p.rs"]\nmod nv_p2p;\n' >>"$work/tree/tests/egpu/egpu_main.rs"
+	printf '#[path = "../../%s/nv_p2p.rs"]\nmod nv_p2p;\n' "$mod" >>"$work/tree/tests/egpu/egpu_main.rs"
 	out=$(make -s -C "$kdir" M="$work/tree/tests/egpu" "${margs[@]}" modules 2>&1)
 	rc=$?
 	planted() { [ $rc -ne 0 ] && grep -q "the emulated GPU shares source with gdirect's module" <<<"$out"; }
