@@ -58,7 +58,9 @@
 //!
 //! Harsher than the hardware, where the real driver would touch freed memory: using a page
 //! table after it was freed (dma_map/dma_unmap/put_pages_persistent of an unknown table) is a
-//! `WARN` (fatal on the debug kernel, a kernel report that fails the run on the other).
+//! `WARN` (fatal on the debug kernel, a kernel report that fails the run on the other). And
+//! every new allocation is poisoned (filled with `POISON`, where `cudaMalloc` leaves what was
+//! there), so that a read that moved nothing cannot pass for one that landed.
 //! Debug knob: `EGPU_IOC_FREE`'s `delay_us` holds the API lock that long between unlinking the
 //! mappings and running their callbacks, so tests force put_pages into that window.
 
@@ -153,6 +155,11 @@ const VA_BASE: u64 = 0x7e00_0000_0000;
 const IOC_MAGIC: u32 = 0xD7;
 /// The fake UUID reported in page tables.
 const GPU_UUID: [u8; 16] = *b"gdirect-egpu-001";
+/// The byte every new allocation is filled with before its owner gets it. `cudaMalloc` leaves
+/// memory as the last user left it; the emulator is harsher, so that a transfer that moved
+/// nothing, or too little, can never pass for one that landed: what a read did not write is
+/// this byte, never an earlier round's right answer.
+const POISON: u8 = 0xe9;
 
 kernel::sync::global_lock! {
     // SAFETY: `EgpuModule::init` initializes it before registering the driver and the device.
@@ -200,6 +207,21 @@ fn api_lock() -> Result<ApiLock> {
 /// The bound device, or `ENODEV`.
 fn device() -> Result<Arc<Egpu>> {
     DEVICE.lock().clone().ok_or(ENODEV)
+}
+
+/// A CPU mapping of all of BAR2 (`ioremap`), through which new allocations are poisoned;
+/// unmapped when the device state goes.
+struct BarMapping(NonNull<c_void>);
+// SAFETY: an address range, written only by `Egpu::alloc` at ranges the allocator has
+// reserved for the caller, so no two threads write the same bytes.
+unsafe impl Send for BarMapping {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for BarMapping {}
+impl Drop for BarMapping {
+    fn drop(&mut self) {
+        // SAFETY: mapped by `ioremap` in `probe`, unmapped once, here.
+        unsafe { bindings::iounmap(self.0.as_ptr().cast()) };
+    }
 }
 
 /// A raw pointer that the locked state owns; only dereferenced as documented where it is used.
@@ -331,6 +353,8 @@ struct Egpu {
     provider: Option<Owned<bindings::p2pdma_provider>>,
     /// PCI bus address minus CPU physical address of BAR2.
     bus_offset: u64,
+    /// BAR2 as the CPU sees it, for poisoning new allocations.
+    bar: BarMapping,
     callbacks: Atomic<u64>,
     /// put_pages calls that found their table already unlinked by a free (and returned 0).
     puts_unlinked: Atomic<u64>,
@@ -390,6 +414,17 @@ impl Egpu {
         for used in &mut inner.used[start..start + n] {
             *used = true;
         }
+        drop(inner);
+        // SAFETY: `offset + len <= bar_len` (the free run found lies inside `used`, one entry
+        // per page of BAR2), so the range is inside `self.bar`'s mapping; its pages were just
+        // reserved for this allocation, whose owner has not got it yet: nobody else writes them.
+        unsafe {
+            bindings::memset_io(
+                self.bar.0.as_ptr().cast::<u8>().add(offset as usize).cast(),
+                POISON.into(),
+                len as usize,
+            )
+        };
         Ok((VA_BASE + offset, offset))
     }
 
@@ -651,6 +686,9 @@ impl pci::Driver for EgpuDriver {
                 }
             };
             let pages = (bar_len / PAGE) as usize;
+            // SAFETY: `bar_start..bar_start + bar_len` is the bound device's enabled BAR2.
+            let bar = unsafe { bindings::ioremap(bar_start, bar_len as usize) };
+            let bar = BarMapping(NonNull::new(bar).ok_or(ENOMEM)?);
             let egpu = Arc::pin_init(
                 try_pin_init!(Egpu {
                     pdev: ARef::from(&**pdev),
@@ -658,6 +696,7 @@ impl pci::Driver for EgpuDriver {
                     bar_len,
                     provider,
                     bus_offset,
+                    bar,
                     callbacks: Atomic::new(0),
                     puts_unlinked: Atomic::new(0),
                     puts_foreign: Atomic::new(0),

@@ -20,7 +20,7 @@ nvme1=$(_nvme_bdf_by_serial "$GDIRECT_NVME1_SERIAL") || ktap_exit_fail_msg "no $
 gpu=$(_gpu_bdf)
 
 ktap_print_header
-ktap_set_plan 13
+ktap_set_plan 14
 
 _test "without a GPU driver the nvidia provider is not reported" _expect_eq nvidia false "$(_info .providers.nvidia)"
 _egpu_insmod || ktap_exit_fail_msg "cannot load $GDIRECT_EGPU_MODULE"
@@ -30,6 +30,7 @@ out=$(gdirect-reg egpu 1048576 "$nvme0")
 rc=$?
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
 _test "register and query 1 MiB of GPU memory" _expect_eq "exit status" 0 "$rc"
+_test "the new allocation came poisoned (every byte 0xe9)" _expect_eq poisoned true "$(_kv "$out" poisoned)"
 _test "page size 64 KiB, 16 pages" _expect_eq pages "65536 16" "$(_kv "$out" page_size) $(_kv "$out" page_count)"
 _test "one nv-p2p page table is held while registered" _expect_eq mappings 1 "$(_kv "$out" egpu_mappings)"
 _test "the peer under the same switch gets bus addresses" _expect_eq map_type bus_addr "$(_kv "$out" map_type)"

@@ -212,10 +212,14 @@ fn egpu(size: u64, peer: PciAddress, persistent: bool) -> gdirect::Result<()> {
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
     let alloc = gpu.alloc(size)?;
+    // A new allocation holds the emulated GPU's poison byte (0xe9) everywhere.
+    let mut fresh = vec![0u8; size as usize];
+    alloc.read(0, &mut fresh)?;
+    let poisoned = fresh.iter().all(|&b| b == 0xe9);
     let bar = gpu.info()?.bar_bus_addr;
     let reg = driver.register_with(&alloc, RegisterOptions::new().persistent(persistent))?;
     println!(
-        "va={:#x} bar_offset={:#x} bar_bus_addr={bar:#x}",
+        "va={:#x} bar_offset={:#x} bar_bus_addr={bar:#x} poisoned={poisoned}",
         alloc.va(),
         alloc.bar_offset()
     );
