@@ -37,7 +37,7 @@ range=$(gdirect-io module-range gdirect) || ktap_exit_fail_msg "cannot find gdir
 start=${range% *} end=${range#* }
 
 ktap_print_header
-ktap_set_plan 7
+ktap_set_plan 8
 
 # Every filter first, the probability last, and only if every setting took.
 setup() {
@@ -61,18 +61,32 @@ stop
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
 echo "GDIRECT-FIGURE fault_alloc at=10% $(echo "$out" | grep -m1 'outcomes=')"
 _test "every step succeeded or failed cleanly: no partial success, no wrong byte" _expect_eq "exit status" 0 "$rc"
+# Every outcome is STEP:RESULT:COUNT, and the 200 rounds each opened the device once: a run
+# that printed nothing, or less, passes none of the checks below.
+opens() { kv "$1" outcomes | tr ',' '\n' | sed -n 's/^open:[A-Z]*:\([0-9]*\)$/\1/p' | awk '{s += $1} END {print s + 0}'; }
+_test "200 rounds reported, each its open's outcome" _expect_eq "opens counted" 200 "$(opens "$out")"
 failures() { kv "$out" outcomes | tr ',' '\n' | grep -v ':OK:' | grep -q .; }
 _test "allocations did fail (the injection reached the module)" failures
-only_clean() { ! kv "$out" outcomes | tr ',' '\n' | grep -v ':OK:' | grep -vqE ':(ENOMEM|EIO|ENXIO|EFAULT|EAGAIN):'; }
+only_clean() {
+	kv "$out" outcomes | tr ',' '\n' | grep -q . &&
+		! kv "$out" outcomes | tr ',' '\n' | grep -v ':OK:' | grep -vqE ':(ENOMEM|EIO|ENXIO|EFAULT|EAGAIN):'
+}
 _test "each failure an errno the caller can act on (ENOMEM, EIO, ENXIO, EFAULT, EAGAIN)" only_clean
 _test "nothing stays registered or pinned" \
-	_expect_eq counters "0 0" "$(_info .counters.registrations) $(_info .counters.pinned_bytes)"
+	_expect_unpinned
 
 out=$(gdirect-io allocfail 20 "$ns")
+rc=$?
 ktap_print_msg "off: $(kv "$out" outcomes)"
 echo "GDIRECT-FIGURE fault_alloc at=off outcomes=$(kv "$out" outcomes)"
-clean() { ! kv "$out" outcomes | tr ',' '\n' | grep -v ':OK:' | grep -q .; }
-_test "injection off: every step succeeds" clean
+# Each of the 20 rounds: open, register and unregister host memory, register GPU memory,
+# query, read, submit and 4 batched reads (11 steps), all OK, and the tool exits 0.
+clean() {
+	[ $rc -eq 0 ] && ! kv "$out" outcomes | tr ',' '\n' | grep -v ':OK:' | grep -q . &&
+		_expect_eq "steps that succeeded" 220 \
+			"$(kv "$out" outcomes | tr ',' '\n' | awk -F: '{s += $3} END {print s + 0}')"
+}
+_test "injection off: every step of 20 rounds succeeds, exit 0" clean
 _test "and the module still unloads" sh -c 'rmmod gdirect && rmmod gdirect_egpu'
 _test "and loads again" _load_all
 

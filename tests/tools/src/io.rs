@@ -1505,6 +1505,7 @@ fn allocfail(count: u64, dev: &str) -> gdirect::Result<()> {
     let mut mismatches = 0u64;
     let mut partial = 0u64;
     let mut got = vec![0u8; LEN as usize];
+    let poison: Vec<u8> = reference.iter().map(|b| !b).collect();
     for _ in 0..count {
         let driver = match Driver::open() {
             Ok(d) => d,
@@ -1522,7 +1523,10 @@ fn allocfail(count: u64, dev: &str) -> gdirect::Result<()> {
             }
             Err(e) => note("register_host", Err(errno(e))),
         }
-        let alloc = gpu.alloc(LEN)?;
+        let mut alloc = gpu.alloc(LEN)?;
+        // Poisoned before every round: a read that moved nothing cannot pass on the bytes an
+        // earlier round left where this allocation lies.
+        alloc.write(0, &poison)?;
         let reg = match driver.register(&alloc) {
             Ok(r) => r,
             Err(e) => {
