@@ -121,6 +121,51 @@ _egpu_state() {
 	gdirect-reg egpu-info
 }
 
+# Pages pinned with FOLL_PIN and not yet unpinned, system-wide, beyond the run's baseline: the
+# kernel's own accounting (mm/gup.c counts every pin and unpin in /proc/vmstat's
+# nr_foll_pin_acquired and nr_foll_pin_released, whoever pins), never the module's word.
+# Reading /proc/sys/vm/stat_refresh folds the per-CPU deltas in first. The VM's runner
+# writes the baseline at boot (GDIRECT_PIN_BASELINE, moved on by leftovers.sh past a leak
+# it reported); elsewhere it is 0.
+GDIRECT_PIN_BASELINE=${GDIRECT_PIN_BASELINE:-/run/gdirect-pin-baseline}
+_kernel_pins() {
+	local base=0
+	cat /proc/sys/vm/stat_refresh >/dev/null 2>&1
+	[ -r "$GDIRECT_PIN_BASELINE" ] && read -r base <"$GDIRECT_PIN_BASELINE"
+	awk -v base="$base" '$1 == "nr_foll_pin_acquired" { a = $2 } $1 == "nr_foll_pin_released" { r = $2 }
+		END { print a - r - base }' /proc/vmstat
+}
+
+# The emulated GPU's page tables handed out and neither put nor revoked (EGPU_IOC_INFO): 0
+# when it is not loaded or its device is unbound (an unbind revokes every table), "unreadable"
+# when it is bound and does not answer.
+_egpu_tables_held() {
+	local out
+	if out=$(_egpu_state 2>/dev/null); then
+		_kv "$out" mappings
+	elif ls /sys/bus/pci/drivers/gdirect_egpu 2>/dev/null | grep -q '^0000:'; then
+		echo unreadable
+	else
+		echo 0
+	fi
+}
+
+# Nothing registered or pinned, by three accounts that must agree: the module's counters
+# (registrations, pinned_bytes), the kernel's pages pinned beyond the baseline (_kernel_pins)
+# and the emulated GPU's page tables held. The kernel's count may lag an exit by deferred
+# work: up to 5 s for it to settle. Usage: _expect_unpinned (in a _test)
+_expect_unpinned() {
+	local i=0 pins
+	pins=$(_kernel_pins)
+	while [ "$pins" != 0 ] && [ $i -lt 50 ]; do
+		sleep 0.1
+		i=$((i + 1))
+		pins=$(_kernel_pins)
+	done
+	_expect_eq "registrations, pinned bytes (module); pages pinned (kernel); page tables held (emulated GPU)" \
+		"0 0; 0; 0" "$(_info .counters.registrations) $(_info .counters.pinned_bytes); $pins; $(_egpu_tables_held)"
+}
+
 # Kernel log lines since the last _dmesg_mark.
 _DMESG_MARK=0
 _dmesg_mark() { _DMESG_MARK=$(dmesg | wc -l); }

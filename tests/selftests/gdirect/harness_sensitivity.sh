@@ -10,6 +10,9 @@
 #   - a read compared with the drive at the wrong offset,
 #   - a wrong sha256, and `gdirect read --verify` against the wrong drive,
 #   - the DMA path proof (QEMU's trace on the host) for a read that bounced,
+#   - pages pinned by another than the module (an O_DIRECT read in flight), which the
+#     kernel's count that every "nothing stays pinned" check reads sees and the module's
+#     counters cannot,
 #   - and a KTAP script whose one check fails exits nonzero with "not ok".
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
@@ -31,7 +34,7 @@ K=1024
 not() { ! "$@"; }
 
 ktap_print_header
-ktap_set_plan 15
+ktap_set_plan 17
 
 # 1. No read: the first MiB of the BAR filled by the CPU with a pattern, compared with the drive.
 _test "the CPU fills the first MiB of the BAR with a known pattern" gdirect-mmap "$bar" 0 $M fill 12345
@@ -71,7 +74,20 @@ _dma_since
 _test "a bounced read fails the P2P proof (all into the BAR, none into RAM)" \
 	not _expect_eq "bar ram" "$M 0" "$DMA_BAR_READ $DMA_RAM_READ"
 
-# 7. KTAP plumbing: one failing check fails the script.
+# 7. Pins outside the module: dd's O_DIRECT read of the namespace QEMU throttles to 32 MB/s
+# (64 MiB: 2 s) pins its 16 MiB buffer while each read is in flight.
+slow=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL" 4) || ktap_exit_fail_msg "no namespace 4"
+dd if="$slow" of=/dev/null bs=16M iflag=direct 2>/dev/null &
+ddpid=$!
+sleep 0.5
+pins=$(_kernel_pins) mod="$(_info .counters.registrations) $(_info .counters.pinned_bytes)"
+ktap_print_msg "while dd reads: kernel pins $pins, module registrations and pinned bytes $mod"
+outside() { [ "$pins" -gt 0 ] && [ "$mod" = "0 0" ]; }
+_test "an O_DIRECT read in flight: the kernel counts its pinned pages, the module's counters 0" outside
+wait "$ddpid"
+_test "control: once it ends nothing is pinned by any account" _expect_unpinned
+
+# 8. KTAP plumbing: one failing check fails the script.
 cat >/tmp/ktap-fails.sh <<'EOF'
 . "$GDIRECT_LIB/gdirect_common.sh"
 ktap_print_header
