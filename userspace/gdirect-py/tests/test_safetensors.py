@@ -114,7 +114,7 @@ GOOD = {"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}
 @pytest.mark.parametrize(
     "header, data, header_len, words",
     [
-        (GOOD, b"\0" * 15, None, "truncated: tensor 'w' ends at byte 16"),
+        (GOOD, b"\0" * 15, None, "truncated: the tensors end at byte 16 of a 15-byte"),
         (GOOD, b"\0" * 16, 10**6, "truncated: a header of 1000000 bytes"),
         (GOOD, b"\0" * 16, 2**40, "a header of 1099511627776 bytes"),
         ({"w": {"dtype": "F33", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 16, None, "unknown dtype 'F33'"),
@@ -134,6 +134,114 @@ def test_hostile_headers_are_refused_before_any_data_is_read(tmp_path, header, d
     write_raw(path, header, data, header_len)
     with pytest.raises(gst.SafetensorsError, match=words):
         gst.load(path, device="cpu", framework="numpy")
+
+
+def safetensors_accepts(path):
+    """Whether the safetensors package (the format's reference reader) opens ``path``."""
+    import safetensors
+
+    try:
+        with safetensors.safe_open(str(path), framework="numpy") as f:
+            list(f.keys())
+        return True
+    except Exception:  # noqa: BLE001  (its errors are of several types)
+        return False
+
+
+def f32(start, end):
+    return {"dtype": "F32", "shape": [(end - start) // 4], "data_offsets": [start, end]}
+
+
+# Files on the edge of the format: (name, header, data). Each is judged by safetensors and by
+# gdirect, which must agree.
+EDGES = [
+    ("contiguous", {"a": f32(0, 8), "b": f32(8, 16)}, b"\0" * 16),
+    ("listed out of order", {"b": f32(8, 16), "a": f32(0, 8)}, b"\0" * 16),
+    ("a gap between tensors", {"a": f32(0, 8), "b": f32(12, 20)}, b"\0" * 20),
+    ("data not starting at 0", {"a": f32(4, 12)}, b"\0" * 12),
+    ("bytes after the last tensor", {"a": f32(0, 8)}, b"\0" * 9),
+    ("empty tensors at the ends", {"e": {"dtype": "I8", "shape": [0], "data_offsets": [0, 0]},
+                                   "a": f32(0, 8),
+                                   "z": {"dtype": "U8", "shape": [0, 3], "data_offsets": [8, 8]}},
+     b"\0" * 8),
+    ("no tensor, no data", {}, b""),
+    ("no tensor, trailing data", {}, b"\0"),
+    ("__metadata__ null", {"__metadata__": None, "a": f32(0, 4)}, b"\0" * 4),
+    ("__metadata__ {}", {"__metadata__": {}, "a": f32(0, 4)}, b"\0" * 4),
+    ("__metadata__ []", {"__metadata__": [], "a": f32(0, 4)}, b"\0" * 4),
+    ("__metadata__ ''", {"__metadata__": "", "a": f32(0, 4)}, b"\0" * 4),
+    ("__metadata__ 0", {"__metadata__": 0, "a": f32(0, 4)}, b"\0" * 4),
+    ("__metadata__ of a number", {"__metadata__": {"k": 1}, "a": f32(0, 4)}, b"\0" * 4),
+    ("dtype []", {"a": {"dtype": [], "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4),
+    ("dtype null", {"a": {"dtype": None, "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4),
+    ("shape of floats", {"a": {"dtype": "F32", "shape": [1.0], "data_offsets": [0, 4]}}, b"\0" * 4),
+    ("three offsets", {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4, 4]}}, b"\0" * 4),
+    ("an extra field", {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "x": 1}}, b"\0" * 4),
+    ("no shape", {"a": {"dtype": "F32", "data_offsets": [0, 4]}}, b"\0" * 4),
+] + [
+    (f"dtype {dt}", {"a": {"dtype": dt, "shape": [2, 4], "data_offsets": [0, n]}}, b"\0" * n)
+    for dt, n in [("F8_E8M0", 8), ("F4", 4), ("F6_E2M3", 6), ("F6_E3M2", 6), ("C64", 64),
+                  ("F8_E4M3FNUZ", 8), ("F8_E5M2FNUZ", 8), ("BF16", 16), ("BOOL", 8)]
+] + [
+    ("F4 of an odd count (half a byte)", {"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}}, b"\0" * 2),
+    ("F6 of 4 elements (3 bytes)", {"a": {"dtype": "F6_E3M2", "shape": [4], "data_offsets": [0, 3]}}, b"\0" * 3),
+    ("F6 of 3 elements (18 bits)", {"a": {"dtype": "F6_E2M3", "shape": [3], "data_offsets": [0, 3]}}, b"\0" * 3),
+]
+
+
+@pytest.mark.parametrize("name, header, data", EDGES, ids=[e[0] for e in EDGES])
+def test_the_reader_agrees_with_safetensors_on_the_edges_of_the_format(tmp_path, name, header, data):
+    path = tmp_path / "edge.safetensors"
+    write_raw(path, header, data)
+    want = safetensors_accepts(path)
+    try:
+        gst.read_header(path)
+        got = True
+    except gst.SafetensorsError:
+        got = False
+    assert got == want, f"{name}: safetensors {'accepts' if want else 'refuses'} it, gdirect does not agree"
+
+
+def test_a_header_json_refuses_is_refused(tmp_path):
+    path = tmp_path / "nan.safetensors"
+    h = b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "__metadata__": {"x": NaN}}'
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 4)
+    assert not safetensors_accepts(path)
+    with pytest.raises(gst.SafetensorsError, match="not JSON"):
+        gst.read_header(path)
+
+
+@pytest.mark.parametrize("n, ok", [(100_000_000, True), (100_000_001, False)])
+def test_the_header_limit_is_the_formats_100_000_000_bytes(tmp_path, n, ok):
+    """A header padded with spaces to exactly the limit is read; one byte more is refused, by
+    both readers."""
+    path = tmp_path / "big.safetensors"
+    h = json.dumps({"a": f32(0, 4)}).encode()
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", n) + h)
+        f.write(b" " * (n - len(h)))
+        f.write(b"\0" * 4)
+    assert safetensors_accepts(path) == ok
+    if ok:
+        assert [t.name for t in gst.read_header(path).tensors] == ["a"]
+    else:
+        with pytest.raises(gst.SafetensorsError, match="a header of 100000001 bytes"):
+            gst.read_header(path)
+
+
+def test_a_file_replaced_after_its_header_is_read_gives_its_own_bytes(tmp_path):
+    """The lazy reader keeps the file it parsed: a saver's atomic rename of a new checkpoint
+    over the path, between the header and the data, does not get the old header applied to
+    the new file's bytes."""
+    path = tmp_path / "model.safetensors"
+    old = {"w": np.arange(4, dtype=np.float32)}
+    stnp.save_file(old, str(path))
+    with gst.open(path, device="cpu", framework="numpy") as f:
+        new = tmp_path / "new.safetensors"
+        stnp.save_file({"w": np.arange(100, 104, dtype=np.float32), "x": np.ones(9, np.int8)},
+                       str(new))
+        new.replace(path)
+        assert f.get_tensor("w").tolist() == old["w"].tolist()
 
 
 def test_a_header_that_is_not_json_or_a_file_too_short(tmp_path):

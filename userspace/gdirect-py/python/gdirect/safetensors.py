@@ -8,9 +8,13 @@
 Each file's data section is read in one call of the engine (many threads, large I/Os, direct
 I/O for what is not cached) into one device buffer; the tensors are views of it (a tensor whose
 offset its dtype cannot view is copied out, on the device). The header is parsed and checked
-here before any byte of data is read: an unknown dtype, a shape that does not match its bytes,
-overlapping tensors or a truncated file raise ``SafetensorsError`` (a ``ValueError``), never a
-partial result.
+here before any byte of data is read, by the format's own rules (those of the safetensors
+package, 0.8): an unknown dtype, a shape that does not match its bytes, tensors that overlap or
+leave a gap, data that does not start at the section's first byte or bytes after the last
+tensor, a header over 100,000,000 bytes, ``__metadata__`` that is not a map of strings, or a
+truncated file raise ``SafetensorsError`` (a ``ValueError``), never a partial result. The
+header and the data come through one open file, so a file replaced in between is not mixed.
+Every dtype of safetensors 0.8 is read (F4 as torch's ``float4_e2m1fn_x2``, two a byte).
 
 Tensors come back as PyTorch tensors when torch is installed (``framework="pt"``), otherwise as
 CuPy arrays on a GPU or NumPy arrays on the CPU (``framework="cupy"`` / ``"numpy"``).
@@ -28,41 +32,41 @@ from . import File, _native, _target
 
 __all__ = ["SafetensorsError", "TensorInfo", "load", "open", "read_header", "metadata"]
 
-# dtype: bytes per element.
-DTYPE_SIZES = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E5M2": 1,
-    "F8_E4M3": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
+# dtype: bits per element, every dtype safetensors (0.8) accepts. F4 and F6 pack elements
+# below a byte; a tensor's bits must fill whole bytes.
+DTYPE_BITS = {
+    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8,
+    "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16,
+    "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64,
+    "U64": 64,
 }
+# dtype: bytes per element, for the dtypes of whole bytes.
+DTYPE_SIZES = {k: v // 8 for k, v in DTYPE_BITS.items() if v % 8 == 0}
 
 # The format's own limit on the header (safetensors refuses larger ones).
-MAX_HEADER = 100 * 1024 * 1024
+MAX_HEADER = 100_000_000
 
+# torch's name of each dtype; F4 is torch's float4_e2m1fn_x2, two elements a byte (the last
+# dimension halved, as safetensors does). The F6 types have none: safetensors refuses them
+# for torch too.
 _TORCH = {
     "BOOL": "bool", "U8": "uint8", "I8": "int8", "F8_E5M2": "float8_e5m2",
-    "F8_E4M3": "float8_e4m3fn", "I16": "int16", "U16": "uint16", "F16": "float16",
-    "BF16": "bfloat16", "I32": "int32", "U32": "uint32", "F32": "float32", "I64": "int64",
-    "U64": "uint64", "F64": "float64",
+    "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu", "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz", "F4": "float4_e2m1fn_x2", "I16": "int16",
+    "U16": "uint16", "F16": "float16", "BF16": "bfloat16", "I32": "int32", "U32": "uint32",
+    "F32": "float32", "C64": "complex64", "I64": "int64", "U64": "uint64", "F64": "float64",
 }
 _NUMPY = {
     "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
     "F16": "float16", "I32": "int32", "U32": "uint32", "F32": "float32", "I64": "int64",
-    "U64": "uint64", "F64": "float64",
+    "U64": "uint64", "F64": "float64", "C64": "complex64",
 }
-# Types NumPy lacks, from ml_dtypes when it is installed.
-_ML_DTYPES = {"BF16": "bfloat16", "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn"}
+# Types NumPy lacks, from ml_dtypes when it is installed (F4 and F6 have no packed form there).
+_ML_DTYPES = {
+    "BF16": "bfloat16", "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn",
+    "F8_E8M0": "float8_e8m0fnu", "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+}
 
 
 class SafetensorsError(ValueError):
@@ -104,37 +108,50 @@ def _bad(path: str, what: str) -> SafetensorsError:
     return SafetensorsError(f"{path}: {what}")
 
 
-def read_header(path: "os.PathLike[str] | str") -> Header:
-    """Parses and checks the header of ``path``."""
-    path = os.fspath(path)
-    with _open(path) as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < 8:
-            raise _bad(path, f"{size} bytes: too short for a safetensors header")
-        n = int.from_bytes(f.read(8), "little")
-        if n > MAX_HEADER:
-            raise _bad(path, f"a header of {n} bytes (the format allows {MAX_HEADER})")
-        if 8 + n > size:
-            raise _bad(path, f"truncated: a header of {n} bytes in a file of {size}")
-        raw = f.read(n)
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _read(f: File, n: int, offset: int) -> bytes:
+    buf = bytearray(n)
+    if n and f.read(buf, file_offset=offset).bytes != n:
+        raise OSError(f"{f.path}: short read of {n} bytes at {offset}")
+    return bytes(buf)
+
+
+def _parse_header(f: File) -> Header:
+    """Parses and checks the header of the open file ``f``, as safetensors does: whatever it
+    refuses is refused here, whatever it reads is read."""
+    path = f.path
+    size = f.size
+    if size < 8:
+        raise _bad(path, f"{size} bytes: too short for a safetensors header")
+    n = int.from_bytes(_read(f, 8, 0), "little")
+    if n > MAX_HEADER:
+        raise _bad(path, f"a header of {n} bytes (the format allows {MAX_HEADER})")
+    if 8 + n > size:
+        raise _bad(path, f"truncated: a header of {n} bytes in a file of {size}")
+    raw = _read(f, n, 8)
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError) as e:
         raise _bad(path, f"the header is not JSON ({e})") from None
     if not isinstance(header, dict):
         raise _bad(path, "the header is not a JSON object")
-    meta = header.pop("__metadata__", None) or {}
-    if not isinstance(meta, dict) or not all(
+    meta = header.pop("__metadata__", None)
+    if meta is None:
+        meta = {}
+    elif not isinstance(meta, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
     ):
-        raise _bad(path, "__metadata__ is not a map of strings to strings")
+        raise _bad(path, f"__metadata__ {meta!r:.60} is not a map of strings to strings")
     data_len = size - 8 - n
     tensors = []
     for name, info in header.items():
         if not isinstance(info, dict):
             raise _bad(path, f"tensor {name!r}: not an object")
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if dtype not in DTYPE_SIZES:
+        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
             raise _bad(path, f"tensor {name!r}: unknown dtype {dtype!r}")
         if not isinstance(shape, list) or not all(
             type(d) is int and d >= 0 for d in shape
@@ -150,28 +167,41 @@ def read_header(path: "os.PathLike[str] | str") -> Header:
         numel = 1
         for d in shape:
             numel *= d
-        start, end = offsets
-        if end - start != numel * DTYPE_SIZES[dtype]:
+        bits = numel * DTYPE_BITS[dtype]
+        if bits % 8:
             raise _bad(
                 path,
-                f"tensor {name!r}: {dtype}{shape} is {numel * DTYPE_SIZES[dtype]} bytes, "
+                f"tensor {name!r}: {dtype}{shape} is {bits} bits, not a whole number of bytes",
+            )
+        start, end = offsets
+        if end - start != bits // 8:
+            raise _bad(
+                path,
+                f"tensor {name!r}: {dtype}{shape} is {bits // 8} bytes, "
                 f"its offsets span {end - start}",
             )
-        if end > data_len:
-            raise _bad(
-                path,
-                f"truncated: tensor {name!r} ends at byte {end} of a {data_len}-byte data section",
-            )
         tensors.append(TensorInfo(name, dtype, tuple(shape), start, end))
+    # The data section is the tensors end to end from its first byte, in offset order: no
+    # gap, no overlap, nothing after the last (safetensors' Metadata::validate and its check
+    # that the buffer is fully covered).
     tensors.sort(key=lambda t: (t.start, t.end))
-    prev: Optional[TensorInfo] = None
+    at, prev = 0, None
     for t in tensors:
-        if t.start == t.end:
-            continue
-        if prev is not None and t.start < prev.end:
-            raise _bad(path, f"tensors {prev.name!r} and {t.name!r} overlap")
-        prev = t
+        if t.start != at:
+            where = f"after {prev.name!r}, which ends at {at}" if prev else "at the data section's start"
+            what = "overlaps" if t.start < at else f"leaves a gap of {t.start - at} bytes"
+            raise _bad(path, f"tensor {t.name!r} at byte {t.start} {what} {where}")
+        at, prev = t.end, t
+    if at > data_len:
+        raise _bad(path, f"truncated: the tensors end at byte {at} of a {data_len}-byte data section")
+    if at < data_len:
+        raise _bad(path, f"{data_len - at} bytes after the last tensor, which ends at byte {at}")
     return Header(path, tensors, meta, 8 + n, data_len)
+
+
+def read_header(path: "os.PathLike[str] | str") -> Header:
+    """Parses and checks the header of ``path``."""
+    return _parse_header(File(path))
 
 
 def metadata(path: "os.PathLike[str] | str") -> Dict[str, str]:
@@ -247,21 +277,37 @@ class _Pt:
         return self.torch.empty(n, dtype=self.torch.uint8, device=self.device)
 
     def dtype(self, path: str, t: TensorInfo):
-        dt = getattr(self.torch, _TORCH[t.dtype], None)
+        name = _TORCH.get(t.dtype)
+        if name is None:
+            raise _bad(path, f"tensor {t.name!r}: torch has no dtype for {t.dtype}")
+        dt = getattr(self.torch, name, None)
         if dt is None:
-            raise _bad(path, f"tensor {t.name!r}: this torch has no {_TORCH[t.dtype]}")
+            raise _bad(path, f"tensor {t.name!r}: this torch has no {name}")
         return dt
+
+    def shape(self, path: str, t: TensorInfo) -> Tuple[int, ...]:
+        """The tensor's torch shape: F4's last dimension halved (two elements a byte)."""
+        if t.dtype != "F4":
+            return t.shape
+        if not t.shape or t.shape[-1] % 2:
+            raise _bad(
+                path,
+                f"tensor {t.name!r}: F4{list(t.shape)} as torch's float4_e2m1fn_x2 needs an even "
+                "last dimension",
+            )
+        return t.shape[:-1] + (t.shape[-1] // 2,)
 
     def view(self, path: str, blob, t: TensorInfo):
         dt = self.dtype(path, t)
-        size = DTYPE_SIZES[t.dtype]
+        shape = self.shape(path, t)
+        size = max(1, DTYPE_BITS[t.dtype] // 8)
         if t.start == t.end:
-            return self.torch.empty(t.shape, dtype=dt, device=self.device)
+            return self.torch.empty(shape, dtype=dt, device=self.device)
         raw = blob[t.start : t.end]
         if t.start % size == 0:
-            return raw.view(dt).view(t.shape)
+            return raw.view(dt).view(shape)
         # An offset the dtype cannot view at: a copy of its own, on the device.
-        out = self.torch.empty(t.shape, dtype=dt, device=self.device)
+        out = self.torch.empty(shape, dtype=dt, device=self.device)
         out.view(-1).view(self.torch.uint8).copy_(raw)
         return out
 
@@ -288,11 +334,17 @@ class _Np:
         name = _NUMPY.get(t.dtype)
         if name is not None:
             return self.xp.dtype(name)
+        if t.dtype not in _ML_DTYPES:
+            raise _bad(
+                path,
+                f"tensor {t.name!r}: {self.xp.__name__} has no {t.dtype} (elements below a "
+                "byte: use framework='pt')",
+            )
         try:
             import ml_dtypes
 
             return self.xp.dtype(getattr(ml_dtypes, _ML_DTYPES[t.dtype]))
-        except (ImportError, AttributeError, KeyError, TypeError):
+        except (ImportError, AttributeError, TypeError):
             raise _bad(
                 path,
                 f"tensor {t.name!r}: {self.xp.__name__} has no {t.dtype} (install torch, or "
@@ -428,17 +480,15 @@ def _runs(headers: List[Header], place: Dict[str, Device]) -> List[_Run]:
     return runs
 
 
-def _read_runs(backends: Dict[Device, Any], runs: List[_Run]) -> List[Any]:
-    """Reads every run into a buffer of its own on its device: one call of the engine per
-    device (whose workers take the runs' pieces in turn), the devices at once, each on a thread
-    of its own (the engine releases the GIL). Returns the buffers, in the order of ``runs``."""
+def _read_runs(backends: Dict[Device, Any], runs: List[_Run], files: Dict[str, File]) -> List[Any]:
+    """Reads every run into a buffer of its own on its device, from ``files`` (the open files
+    whose headers were parsed): one call of the engine per device (whose workers take the runs'
+    pieces in turn), the devices at once, each on a thread of its own (the engine releases the
+    GIL). Returns the buffers, in the order of ``runs``."""
     blobs = [backends[r.device].buffer(r.end - r.start) for r in runs]
-    files: Dict[str, File] = {}
     groups: Dict[Device, List[int]] = {}
     for i, r in enumerate(runs):
         groups.setdefault(r.device, []).append(i)
-        if r.header.path not in files:
-            files[r.header.path] = File(r.header.path)
 
     def read(device: Device, idx: List[int]) -> None:
         targets = [_target(blobs[i]) for i in idx]
@@ -485,8 +535,14 @@ def load(
     the longest matching key winning and ``""`` matching every tensor; or ``"auto"``, the
     tensors in checkpoint order cut into runs of about equal bytes, one per visible GPU. Each
     device's tensors are read by that device's own engine, every device at once."""
-    files = _files(paths)
-    headers = [read_header(p) for p in files]
+    # Each file is opened once: its header and its data come through the same open file, so
+    # that a file replaced in between (a saver's atomic rename, a hub cache update) cannot get
+    # one file's header applied to another's bytes.
+    opened: Dict[str, File] = {}
+    for p in _files(paths):
+        if p not in opened:
+            opened[p] = File(p)
+    headers = [_parse_header(f) for f in opened.values()]
     seen: Dict[str, str] = {}
     for h in headers:
         for t in h.tensors:
@@ -496,7 +552,7 @@ def load(
     place = _placement(headers, device, device_map)
     backends = {d: _backend_for(framework, d) for d in set(place.values())}
     runs = _runs(headers, place)
-    blobs = _read_runs(backends, runs)
+    blobs = _read_runs(backends, runs, {h.path: f for h, f in zip(headers, opened.values())})
     views: Dict[str, Any] = {}
     for r, blob in zip(runs, blobs):
         b = backends[r.device]
@@ -522,10 +578,11 @@ class open:  # noqa: N801  (named like safetensors.safe_open's role)
     """
 
     def __init__(self, path: "os.PathLike[str] | str", device: Any = "cuda:0", framework: Optional[str] = None):
-        self._header = read_header(path)
+        # One open file for the header and every tensor's bytes (see ``load``).
+        self._file = File(path)
+        self._header = _parse_header(self._file)
         self._by_name = {t.name: t for t in self._header.tensors}
         self._backend = _backend(framework, device)
-        self._file = File(self._header.path)
 
     def __enter__(self) -> "open":
         return self
