@@ -27,7 +27,7 @@ chgrp gdirect /dev/gdirect /dev/gdirect_egpu && chmod 0660 /dev/gdirect_egpu
 kv() { echo "$1" | sed -nE "s/(^|.* )$2=([^ ]*).*/\2/p" | head -n 1; }
 
 ktap_print_header
-ktap_set_plan 11
+ktap_set_plan 12
 
 out=$(gdirect-io limits "$ns" 1048576)
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
@@ -48,6 +48,7 @@ _test "nothing stays pinned after those runs" _expect_unpinned
 
 out=$(gdirect-reg limits 2>&1)
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
+_test "max_pinned_bytes=64M: a registration of exactly 64 MiB is accepted" _expect_eq at OK "$(_kv "$out" at_pin_limit)"
 _test "max_pinned_bytes=64M: a registration past it gets EDQUOT" _expect_eq over EDQUOT "$(_kv "$out" over_pin_limit)"
 _test "max_registrations=8: the 9th on one file gets EMFILE" \
 	_expect_eq "registered, then" "8 EMFILE" "$(_kv "$out" registered) $(_kv "$out" over_registration_limit)"

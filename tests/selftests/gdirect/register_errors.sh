@@ -42,7 +42,7 @@ unregister_ok2 OK
 ncases=$(echo "$CASES" | grep -c .)
 
 ktap_print_header
-ktap_set_plan $((ncases + 6))
+ktap_set_plan $((ncases + 7))
 
 _dmesg_mark
 out=$(gdirect-reg errors "$nvme0" "$nvme0")
@@ -63,6 +63,7 @@ _test "GET_INFO reports the limits set at load" \
 	_expect_eq limits "1048576 4" "$(_info .limits.max_pinned_bytes) $(_info .limits.max_registrations)"
 lim=$(gdirect-reg limits)
 ktap_print_msg "$(echo "$lim" | tr '\n' ' ')"
+_test "a length of exactly max_pinned_bytes is accepted" _expect_eq at_pin_limit OK "$(_kv "$lim" at_pin_limit)"
 _test "a length past max_pinned_bytes -> EDQUOT" _expect_eq over_pin_limit EDQUOT "$(_kv "$lim" over_pin_limit)"
 _test "a registration past max_registrations -> EMFILE" \
 	_expect_eq "registered, then" "4 EMFILE" "$(_kv "$lim" registered) $(_kv "$lim" over_registration_limit)"

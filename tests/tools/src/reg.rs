@@ -1093,6 +1093,16 @@ fn limits() -> gdirect::Result<()> {
         "max_pinned_bytes={} max_registrations={}",
         info.max_pinned_bytes, info.max_registrations
     );
+    // Exactly the limit fits; a page more does not.
+    let exact = HostBuffer::new(info.max_pinned_bytes as usize)?;
+    let r = driver.register(&exact);
+    println!(
+        "at_pin_limit={}",
+        r.err()
+            .and_then(|e| e.errno())
+            .map_or("OK".into(), |e| format!("{e:?}"))
+    );
+    drop(exact);
     let big = HostBuffer::new(info.max_pinned_bytes as usize + 4096)?;
     let r = driver.register(&big);
     println!(
