@@ -66,15 +66,9 @@ if [ -d /sys/module/gdirect ] && [ -c /dev/gdirect ]; then
 	[ "$counters" = "0 0" ] || left "gdirect registrations and pinned bytes with no process left: ${counters:-unreadable}"
 fi
 # And every page is unpinned, by the kernel's own count (mm/gup.c), whatever the module's
-# counters say: the unpin after an exit may lag by deferred work, so it gets 5 s. A leak
-# cannot be undone; the baseline moves past it so that the next test is judged on its own.
-i=0
-pins=$(_kernel_pins)
-while [ "$pins" != 0 ] && [ $i -lt 50 ]; do
-	sleep 0.1
-	i=$((i + 1))
-	pins=$(_kernel_pins)
-done
+# counters say (given 5 s to settle). A leak cannot be undone; the baseline moves past it so
+# that the next test is judged on its own.
+pins=$(_kernel_pins_settled)
 if [ "$pins" != 0 ]; then
 	left "$pins page(s) still pinned by the kernel's count (nr_foll_pin_acquired - released) with no process left"
 	read -r base <"$GDIRECT_PIN_BASELINE"

@@ -150,11 +150,8 @@ _egpu_tables_held() {
 	fi
 }
 
-# Nothing registered or pinned, by three accounts that must agree: the module's counters
-# (registrations, pinned_bytes), the kernel's pages pinned beyond the baseline (_kernel_pins)
-# and the emulated GPU's page tables held. The kernel's count may lag an exit by deferred
-# work: up to 5 s for it to settle. Usage: _expect_unpinned (in a _test)
-_expect_unpinned() {
+# _kernel_pins once it is 0, or after 5 s: the unpin after an exit may lag by deferred work.
+_kernel_pins_settled() {
 	local i=0 pins
 	pins=$(_kernel_pins)
 	while [ "$pins" != 0 ] && [ $i -lt 50 ]; do
@@ -162,6 +159,16 @@ _expect_unpinned() {
 		i=$((i + 1))
 		pins=$(_kernel_pins)
 	done
+	echo "$pins"
+}
+
+# Nothing registered or pinned, by three accounts that must agree: the module's counters
+# (registrations, pinned_bytes), the kernel's pages pinned beyond the baseline
+# (_kernel_pins_settled) and the emulated GPU's page tables held.
+# Usage: _expect_unpinned (in a _test)
+_expect_unpinned() {
+	local pins
+	pins=$(_kernel_pins_settled)
 	_expect_eq "registrations, pinned bytes (module); pages pinned (kernel); page tables held (emulated GPU)" \
 		"0 0; 0; 0" "$(_info .counters.registrations) $(_info .counters.pinned_bytes); $pins; $(_egpu_tables_held)"
 }
