@@ -1095,22 +1095,16 @@ fn limits() -> gdirect::Result<()> {
     );
     // Exactly the limit fits; a page more does not.
     let exact = HostBuffer::new(info.max_pinned_bytes as usize)?;
-    let r = driver.register(&exact);
-    println!(
-        "at_pin_limit={}",
+    // "OK", or the errno of the refusal (the registration, if any, ends at once).
+    fn outcome<T>(r: gdirect::Result<T>) -> String {
         r.err()
             .and_then(|e| e.errno())
             .map_or("OK".into(), |e| format!("{e:?}"))
-    );
+    }
+    println!("at_pin_limit={}", outcome(driver.register(&exact)));
     drop(exact);
     let big = HostBuffer::new(info.max_pinned_bytes as usize + 4096)?;
-    let r = driver.register(&big);
-    println!(
-        "over_pin_limit={}",
-        r.err()
-            .and_then(|e| e.errno())
-            .map_or("OK".into(), |e| format!("{e:?}"))
-    );
+    println!("over_pin_limit={}", outcome(driver.register(&big)));
     let bufs: Vec<HostBuffer> = (0..=info.max_registrations)
         .map(|_| HostBuffer::new(4096))
         .collect::<gdirect::Result<_>>()?;
