@@ -28,9 +28,9 @@ trap cleanup EXIT
 gpu_read() {
 	say "   $ gdirect read $1 --mem egpu --len $3M"
 	out=$(gdirect read "$1" --mem egpu --len "$3M" --json) || fail "gdirect read $1"
-	say "     $(echo "$out" | jq -r '"\(.bytes) bytes into GPU memory at BAR offset \(.memory.bar_offset) over \(.transport): path \(.path), reason \(.reason), \(.bounce_bytes) bytes through host memory"')"
+	say "     $(echo "$out" | jq -r '"\(.bytes) bytes into GPU memory at GPU address \(.memory.address) over \(.transport): path \(.path), reason \(.reason), \(.bounce_bytes) bytes through host memory"')"
 	[ "$(echo "$out" | jq -r .reason)" = none ] || say "     why: $(echo "$out" | jq -r .why)"
-	if _host_compare "gpu:$(echo "$out" | jq .memory.bar_offset)" "$2" $(($3 << 20)) >/dev/null; then
+	if _host_compare "gva:$(echo "$out" | jq .memory.address)" "$2" $(($3 << 20)) >/dev/null; then
 		say "     host check: its /dev/shm file holds exactly the bytes it wrote into the drive image"
 	else
 		fail "the host found other bytes in GPU memory"

@@ -55,12 +55,21 @@
 //! | dma_map allows every peer (no P2PDMA switch rules) and maps each page with `dma_map_resource` | `rm_p2p_dma_map_pages`: `nv_grdma_pci_topology_supported`, `nv_dma_map_peer` -> `nv_dma_map_mmio` |
 //! | free_page_table and free_dma_mapping do nothing | `nvidia_p2p_free_page_table`, `nvidia_p2p_free_dma_mapping` |
 //! | persistent mappings keep freed memory until put | `rm_p2p_put_pages_persistent` |
+//! | an allocation's 64 KiB pages are wherever the memory manager put them, not one run of the BAR; each page-table entry is its own page's address | `nv_p2p_get_pages`: one `physical_address` per entry from RM's page list |
+//! | a page table maps its range into BAR1, which is finite: a full aperture fails get_pages with `-ENOMEM` (`bar1_mib=`) | `rm_p2p_get_pages` -> NV_ERR_NO_MEMORY -> `nvidia_p2p_map_status` |
 //!
 //! Harsher than the hardware, where the real driver would touch freed memory: using a page
 //! table after it was freed (dma_map/dma_unmap/put_pages_persistent of an unknown table) is a
-//! `WARN` (fatal on the debug kernel, a kernel report that fails the run on the other). And
-//! every new allocation is poisoned (filled with `POISON`, where `cudaMalloc` leaves what was
-//! there), so that a read that moved nothing cannot pass for one that landed.
+//! `WARN` (fatal on the debug kernel, a kernel report that fails the run on the other). Every
+//! new allocation is poisoned (filled with `POISON`, where `cudaMalloc` leaves what was there),
+//! so that a read that moved nothing cannot pass for one that landed; freed memory is poisoned
+//! too (`FREED_POISON`), and a page given out again is first checked to still hold that
+//! pattern, and so is every freed page at unbind, so a DMA that landed after the free is a
+//! `WARN` (freed pages are reused last). Pages are scattered at random (`scatter_seed=`), no
+//! page next to the one before it where the free space allows, so that a client that computes
+//! a page's address from its neighbour's reads or writes the wrong place.
+//! Where the pages are is in the page directory, BAR2's last page (`PAGEDIR_MAGIC`), for the
+//! rig's tools and the host to follow.
 //! Debug knob: `EGPU_IOC_FREE`'s `delay_us` holds the API lock that long between unlinking the
 //! mappings and running their callbacks, so tests force put_pages into that window.
 
@@ -142,6 +151,14 @@ module! {
             default: 0,
             description: "1: set NVIDIA_P2P_PAGE_TABLE_FLAGS_CPU_CACHEABLE in page tables of version 2 (nvidia.ko sets it for memory the CPU reaches coherently)",
         },
+        bar1_mib: u32 {
+            default: 0,
+            description: "size of the emulated BAR1 aperture in MiB (0: as large as the device memory, as on GPUs with a static BAR1): nvidia_p2p_get_pages fails with -ENOMEM when the page tables handed out would map more",
+        },
+        scatter_seed: u32 {
+            default: 1,
+            description: "seed of the placement of allocations' 64 KiB pages in BAR2: scattered, never adjacent where the free space allows (reproducible for a seed)",
+        },
     },
 }
 
@@ -160,6 +177,21 @@ const GPU_UUID: [u8; 16] = *b"gdirect-egpu-001";
 /// nothing, or too little, can never pass for one that landed: what a read did not write is
 /// this byte, never an earlier round's right answer.
 const POISON: u8 = 0xe9;
+/// The byte freed memory is filled with (`EGPU_FREED_POISON`): a free overwrites the pages it
+/// returns, so that nothing can read a freed allocation's bytes, and the next allocation of a
+/// page checks that the pattern is still whole (a sample: 8 bytes of every 512),
+/// so that a DMA that landed after the free is reported (a `WARN`, which fails the run).
+const FREED_POISON: u8 = 0x6b;
+/// The emulated GPU's page directory (`EGPU_PAGEDIR_*`): the last `PAGE` of BAR2, which no
+/// allocation gets. As a GPU keeps its MMU's page tables in its own memory, the emulator keeps
+/// there which BAR page backs each GPU virtual page, so that the test tools in the guest (through
+/// the BAR) and the host (through the backing file) find an allocation's scattered pages
+/// without asking the driver: a header (`PAGEDIR_MAGIC`, then the number of entries, u32, and a
+/// reserved u32), then one little-endian u32 per GPU virtual page: its BAR page index plus one,
+/// 0 where unmapped.
+const PAGEDIR_MAGIC: u64 = u64::from_le_bytes(*b"EGPUDIR1");
+/// Bytes of the page directory's header.
+const PAGEDIR_HEADER: usize = 16;
 
 kernel::sync::global_lock! {
     // SAFETY: `EgpuModule::init` initializes it before registering the driver and the device.
@@ -298,10 +330,15 @@ struct Mapping {
 // SAFETY: `data` is the caller's opaque pointer, only passed back to its callback.
 unsafe impl Send for Mapping {}
 
-/// One "GPU allocation".
+/// One "GPU allocation": a run of GPU virtual pages, each backed by a BAR page of its own,
+/// scattered over the BAR as a GPU's memory manager places them (never in one run).
 struct Alloc {
-    offset: u64,
+    /// Its first GPU virtual page: its address is `VA_BASE + va_page * PAGE`.
+    va_page: usize,
+    /// The BAR page backing each of its virtual pages, in order.
+    pages: KVec<u32>,
     len: u64,
+    /// The file that made it, or [`KEPT`].
     owner: u64,
     /// The process that allocated it: as in NVIDIA's driver, a GPU virtual address means
     /// something only in its own process's address space.
@@ -326,20 +363,77 @@ fn current_tgid() -> i32 {
 
 impl Alloc {
     fn va(&self) -> u64 {
-        VA_BASE + self.offset
+        VA_BASE + self.va_page as u64 * PAGE
     }
     fn contains(&self, va: u64, len: u64) -> bool {
         va >= self.va() && len <= self.len && va - self.va() <= self.len - len
     }
 }
 
+/// The owner of kept allocations (`EGPU_ALLOC_KEPT`): no file (file identities start at 1).
+const KEPT: u64 = 0;
+
 /// The state of the device memory, under `Egpu::inner`.
 struct Inner {
-    /// One entry per `PAGE` of BAR2: in use or not.
+    /// One entry per `PAGE` of BAR2 that allocations may use (all but the page directory): in
+    /// use or not.
     used: KVec<bool>,
+    /// Which free BAR pages a free of this load poisoned (`FREED_POISON`): checked when reused.
+    freed: KVec<bool>,
+    /// One entry per GPU virtual page: in use or not.
+    va_used: KVec<bool>,
     allocs: KVec<Alloc>,
     /// Page tables held by clients: handed out and neither put nor being revoked by a free.
     mappings: u32,
+    /// BAR1 pages that the handed-out page tables map: each table its own
+    /// (`nvidia_p2p_get_pages` maps the range into BAR1 for that table).
+    bar1_used: u64,
+    /// The placement generator's state (xorshift64, from `scatter_seed`).
+    rng: u64,
+}
+
+impl Inner {
+    /// The next number of the placement generator.
+    fn random(&mut self) -> u64 {
+        let mut x = self.rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng = x;
+        x
+    }
+
+    /// Takes a free BAR page for the page after `prev` of an allocation, at a random place: one
+    /// adjacent to `prev` (either side) only when no other is free, one freed earlier in this
+    /// load only when no never-used one is.
+    fn take_page(&mut self, prev: Option<usize>) -> Option<usize> {
+        let n = self.used.len();
+        let apart = |p: usize| prev.is_none_or(|q| p + 1 != q && q + 1 != p);
+        let mut pick = None;
+        // Pages freed in this load wait (a quarantine) until no other is free: what landed in
+        // freed memory stays there, for the check at reuse or at unbind to find.
+        for _ in 0..32 {
+            let p = (self.random() % n as u64) as usize;
+            if !self.used[p] && !self.freed[p] && apart(p) {
+                pick = Some(p);
+                break;
+            }
+        }
+        if pick.is_none() {
+            let start = (self.random() % n as u64) as usize;
+            let free = |p: &usize| !self.used[*p];
+            let fresh = |p: &usize| !self.used[*p] && !self.freed[*p];
+            let order = || (0..n).map(|k| (start + k) % n);
+            pick = order()
+                .filter(fresh)
+                .find(|p| apart(*p))
+                .or_else(|| order().filter(free).find(|p| apart(*p)))
+                .or_else(|| order().find(free));
+        }
+        let p = pick?;
+        self.used[p] = true;
+        Some(p)
+    }
 }
 
 /// The emulated GPU.
@@ -383,49 +477,138 @@ impl Egpu {
         self.bus_offset
     }
 
+    /// A pointer to `offset` of BAR2 for the CPU.
+    ///
+    /// # Safety
+    ///
+    /// `offset` is inside BAR2 (`< bar_len`).
+    unsafe fn bar_at(&self, offset: usize) -> *mut c_void {
+        // SAFETY: the caller keeps `offset` inside the mapping of all of BAR2.
+        unsafe { self.bar.0.as_ptr().cast::<u8>().add(offset).cast() }
+    }
+
+    /// Fills BAR page `page` with `byte`.
+    fn fill_page(&self, page: usize, byte: u8) {
+        // SAFETY: `page` indexes `Inner::used`, whose pages all lie inside BAR2; the callers
+        // own the page (reserved for an allocation not yet handed out, or being freed under
+        // the lock).
+        unsafe { bindings::memset_io(self.bar_at(page * PAGE as usize), byte.into(), PAGE as usize) };
+    }
+
+    /// Whether BAR page `page`, poisoned by a free, still holds the pattern: the 8 bytes at
+    /// every 512 (any write of more than 512 bytes covers one of them; a device's DMA moves
+    /// whole blocks of at least that).
+    fn still_freed_poison(&self, page: usize) -> bool {
+        let want = u64::from_ne_bytes([FREED_POISON; 8]);
+        (0..PAGE as usize).step_by(512).all(|at| {
+            let mut got = 0u64;
+            // SAFETY: inside BAR page `page` (as in `fill_page`); 8 bytes into a local.
+            unsafe {
+                bindings::memcpy_fromio(
+                    (&raw mut got).cast(),
+                    self.bar_at(page * PAGE as usize + at),
+                    8,
+                )
+            };
+            got == want
+        })
+    }
+
+    /// Writes the page directory's entries of GPU virtual pages `va_page..` (`pages`: each one's
+    /// BAR page, or `None` to unmap them).
+    fn write_dir(&self, va_page: usize, n: usize, pages: Option<&[u32]>) {
+        for k in 0..n {
+            let entry = pages.map_or(0u32, |p| p[k] + 1).to_le_bytes();
+            let at = self.dir_offset() + PAGEDIR_HEADER + (va_page + k) * 4;
+            // SAFETY: `va_page + k` indexes `Inner::va_used`, one entry per usable page: the
+            // entry lies inside the directory page, inside BAR2.
+            unsafe { bindings::memcpy_toio(self.bar_at(at), entry.as_ptr().cast(), 4) };
+        }
+    }
+
+    /// Writes the page directory's header and unmaps all its `pages` entries.
+    fn write_dir_header(&self, pages: usize) {
+        let mut header = [0u8; PAGEDIR_HEADER];
+        header[..8].copy_from_slice(&PAGEDIR_MAGIC.to_le_bytes());
+        header[8..12].copy_from_slice(&(pages as u32).to_le_bytes());
+        // SAFETY: the directory page lies inside BAR2.
+        unsafe {
+            bindings::memcpy_toio(
+                self.bar_at(self.dir_offset()),
+                header.as_ptr().cast(),
+                PAGEDIR_HEADER,
+            )
+        };
+        self.write_dir(0, pages, None);
+    }
+
+    /// BAR2 offset of the page directory: its last page.
+    fn dir_offset(&self) -> usize {
+        (self.bar_len - PAGE) as usize
+    }
+
+    /// Allocates `len` bytes for `owner` (a file, or [`KEPT`]): a run of GPU virtual pages, each
+    /// backed by a BAR page placed at random (`Inner::take_page`), checked still poisoned by its
+    /// last free, then filled with `POISON`, and entered in the page directory. Returns the
+    /// GPU virtual address and the BAR offset of its first page.
     fn alloc(&self, len: u64, owner: u64) -> Result<(u64, u64)> {
-        if len == 0 || len % PAGE != 0 || len > self.bar_len {
+        if len == 0 || len % PAGE != 0 || len > self.bar_len - PAGE {
             return Err(EINVAL);
         }
         let n = (len / PAGE) as usize;
+        // Everything below happens under the lock, so that no free (of a kept allocation,
+        // whose address any file may name, or at unbind) meets an allocation half made.
         let mut inner = self.inner.lock();
-        let mut run = 0;
-        let mut start = None;
-        for (i, used) in inner.used.iter().enumerate() {
-            run = if *used { 0 } else { run + 1 };
-            if run == n {
-                start = Some(i + 1 - n);
-                break;
-            }
+        let va_page = first_fit(&inner.va_used, n).ok_or(ENOMEM)?;
+        if inner.used.iter().filter(|u| !**u).count() < n {
+            return Err(ENOMEM);
         }
-        let start = start.ok_or(ENOMEM)?;
-        let offset = start as u64 * PAGE;
-        inner.allocs.push(
-            Alloc {
-                offset,
-                len,
-                owner,
-                tgid: current_tgid(),
-                freed: false,
-                mappings: KVec::new(),
-            },
-            GFP_KERNEL,
-        )?;
-        for used in &mut inner.used[start..start + n] {
+        // Every allocation that can fail, first: once pages are taken nothing may fail.
+        inner.allocs.reserve(1, GFP_KERNEL)?;
+        let mut pages = KVec::with_capacity(n, GFP_KERNEL)?;
+        let mut prev = None;
+        for _ in 0..n {
+            // Cannot fail: `n` pages were free and the lock is held.
+            let p = inner.take_page(prev).ok_or(ENOMEM)?;
+            pages.push_within_capacity(p as u32).map_err(|_| ENOMEM)?;
+            prev = Some(p);
+        }
+        for p in pages.iter() {
+            // A page a free of this load poisoned must still hold the pattern.
+            if core::mem::replace(&mut inner.freed[*p as usize], false) {
+                self.check_freed_page(*p as usize);
+            }
+            self.fill_page(*p as usize, POISON);
+        }
+        self.write_dir(va_page, n, Some(&pages));
+        for used in &mut inner.va_used[va_page..va_page + n] {
             *used = true;
         }
-        drop(inner);
-        // SAFETY: `offset + len <= bar_len` (the free run found lies inside `used`, one entry
-        // per page of BAR2), so the range is inside `self.bar`'s mapping; its pages were just
-        // reserved for this allocation, whose owner has not got it yet: nobody else writes them.
-        unsafe {
-            bindings::memset_io(
-                self.bar.0.as_ptr().cast::<u8>().add(offset as usize).cast(),
-                POISON.into(),
-                len as usize,
-            )
+        let first = u64::from(pages[0]) * PAGE;
+        let alloc = Alloc {
+            va_page,
+            pages,
+            len,
+            owner,
+            tgid: current_tgid(),
+            freed: false,
+            mappings: KVec::new(),
         };
-        Ok((VA_BASE + offset, offset))
+        // Cannot fail: reserved above.
+        inner.allocs.push_within_capacity(alloc).map_err(|_| ENOMEM)?;
+        Ok((VA_BASE + va_page as u64 * PAGE, first))
+    }
+
+    /// Reports (`WARN`) BAR page `page`, poisoned by a free, if it no longer holds the pattern.
+    fn check_freed_page(&self, page: usize) {
+        if !self.still_freed_poison(page) {
+            pr_err!(
+                "BAR page {page} (offset {:#x}) was written after it was freed: a DMA or a CPU \
+                 write reached GPU memory its owner had given back\n",
+                page as u64 * PAGE
+            );
+            kernel::warn_on!(true);
+        }
     }
 
     /// Marks the allocations of `owner` (all, or the one at `va`) freed: returns what the free
@@ -466,7 +649,7 @@ impl Egpu {
         // from here the free holds the API lock until each callback is done, and tests watch
         // the count fall to act in that window.
         inner.mappings -= revoke.len() as u32;
-        reap_locked(&mut inner);
+        reap_locked(self, &mut inner);
         drop(inner);
         if va.is_some() && !found {
             return Err(ENOENT);
@@ -515,7 +698,8 @@ impl Egpu {
         let Ok(m) = inner.allocs[i].mappings.remove(j) else {
             return;
         };
-        reap_locked(&mut inner);
+        inner.bar1_used -= m.table.phys.len() as u64 * PAGE;
+        reap_locked(self, &mut inner);
         drop(inner);
         free_mapping(m);
     }
@@ -541,13 +725,24 @@ struct Revoke {
 }
 
 /// Removes the allocations that are freed and hold no mapping any more, returning their BAR
-/// pages to the free pool.
-fn reap_locked(inner: &mut Inner) {
+/// pages to the free pool: each poisoned (`FREED_POISON`) and unmapped from the page directory
+/// first, so that nothing reads a freed allocation's bytes and its pages are free only once
+/// poisoned.
+fn reap_locked(egpu: &Egpu, inner: &mut Inner) {
     let mut i = 0;
     while i < inner.allocs.len() {
         if inner.allocs[i].freed && inner.allocs[i].mappings.is_empty() {
             if let Ok(a) = inner.allocs.remove(i) {
-                release_range_locked(inner, &a);
+                let n = a.pages.len();
+                egpu.write_dir(a.va_page, n, None);
+                for p in a.pages.iter() {
+                    egpu.fill_page(*p as usize, FREED_POISON);
+                    inner.used[*p as usize] = false;
+                    inner.freed[*p as usize] = true;
+                }
+                for used in &mut inner.va_used[a.va_page..a.va_page + n] {
+                    *used = false;
+                }
             }
         } else {
             i += 1;
@@ -555,12 +750,16 @@ fn reap_locked(inner: &mut Inner) {
     }
 }
 
-/// Returns an allocation's BAR pages to the free pool.
-fn release_range_locked(inner: &mut Inner, a: &Alloc) {
-    let first = (a.offset / PAGE) as usize;
-    for used in &mut inner.used[first..first + (a.len / PAGE) as usize] {
-        *used = false;
+/// The first run of `n` free entries of `used`.
+fn first_fit(used: &[bool], n: usize) -> Option<usize> {
+    let mut run = 0;
+    for (i, u) in used.iter().enumerate() {
+        run = if *u { 0 } else { run + 1 };
+        if run == n {
+            return Some(i + 1 - n);
+        }
     }
+    None
 }
 
 /// Frees a mapping's DMA mappings and page table.
@@ -621,6 +820,12 @@ impl Drop for Binding {
         }
         if leaked > 0 {
             pr_warn!("unbound with {leaked} persistent mapping(s) still held: leaking their page tables\n");
+        }
+        // Every page freed in this load must still hold the freed poison: nothing may have
+        // written GPU memory after its free (a DMA the free did not wait for).
+        let inner = self.egpu.inner.lock();
+        for (page, _) in inner.freed.iter().enumerate().filter(|(_, f)| **f) {
+            self.egpu.check_freed_page(page);
         }
     }
 }
@@ -685,7 +890,15 @@ impl pci::Driver for EgpuDriver {
                     region.start.wrapping_sub(bar_start)
                 }
             };
-            let pages = (bar_len / PAGE) as usize;
+            // Every page but the last, which holds the page directory: one entry per page.
+            let pages = (bar_len / PAGE) as usize - 1;
+            if pages == 0 || PAGEDIR_HEADER + pages * 4 > PAGE as usize {
+                dev_err!(
+                    pdev,
+                    "BAR{BAR} of {bar_len} bytes: the page directory holds 2 to 16381 pages of 64 KiB\n"
+                );
+                return Err(ENODEV);
+            }
             // SAFETY: `bar_start..bar_start + bar_len` is the bound device's enabled BAR2.
             let bar = unsafe { bindings::ioremap(bar_start, bar_len as usize) };
             let bar = BarMapping(NonNull::new(bar).ok_or(ENOMEM)?);
@@ -702,12 +915,17 @@ impl pci::Driver for EgpuDriver {
                     puts_foreign: Atomic::new(0),
                     inner <- new_mutex!(Inner {
                         used: KVec::from_elem(false, pages, GFP_KERNEL)?,
+                        freed: KVec::from_elem(false, pages, GFP_KERNEL)?,
+                        va_used: KVec::from_elem(false, pages, GFP_KERNEL)?,
                         allocs: KVec::new(),
                         mappings: 0,
+                        bar1_used: 0,
+                        rng: u64::from(*module_parameters::scatter_seed.value()) | 1 << 32,
                     }),
                 }),
                 GFP_KERNEL,
             )?;
+            egpu.write_dir_header(pages);
             let (generation, version) = table_generation();
             dev_info!(
                 pdev,
@@ -762,10 +980,14 @@ struct InfoArgs {
     callbacks: u64,
     puts_unlinked: u64,
     puts_foreign: u64,
+    kept: u32,
+    pad: u32,
+    bar1_size: u64,
+    bar1_used: u64,
 }
 kernel::static_assert!(core::mem::size_of::<AllocArgs>() == 32);
 kernel::static_assert!(core::mem::size_of::<FreeArgs>() == 24);
-kernel::static_assert!(core::mem::size_of::<InfoArgs>() == 56);
+kernel::static_assert!(core::mem::size_of::<InfoArgs>() == 80);
 // SAFETY: `repr(C)` integer-only structs without padding (sizes checked above).
 unsafe impl FromBytes for AllocArgs {}
 // SAFETY: as above.
@@ -784,6 +1006,12 @@ const IOC_INFO: u32 = _IOR::<InfoArgs>(IOC_MAGIC, 0x02);
 /// `EGPU_FREE_FROM_WORKER`: the free runs on a kernel worker, so the callbacks run in another
 /// thread (a kworker, with no user context) than the one that asked for the free.
 const FREE_FROM_WORKER: u32 = 1;
+/// `EGPU_FREE_KEPT`: the allocation is a kept one (`EGPU_ALLOC_KEPT`), which any file may free.
+const FREE_KEPT: u32 = 2;
+/// `EGPU_ALLOC_KEPT`: the allocation belongs to no file: it outlives the file that made it
+/// (for the rig's host checks, made after the program that read into it has ended) until a
+/// free with `EGPU_FREE_KEPT` or the device's unbind (module unload).
+const ALLOC_KEPT: u32 = 1;
 
 /// A free handed to a kernel worker, and its outcome.
 #[pin_data]
@@ -854,37 +1082,49 @@ impl MiscDevice for EgpuFile {
             IOC_ALLOC => {
                 let (mut r, mut w) = user.reader_writer();
                 let mut a: AllocArgs = r.read()?;
-                if a.flags != 0 || a.pad != 0 {
+                if a.flags & !ALLOC_KEPT != 0 || a.pad != 0 {
                     return Err(EINVAL);
                 }
-                (a.va, a.bar_offset) = egpu.alloc(a.len, me.id)?;
+                let owner = if a.flags & ALLOC_KEPT != 0 { KEPT } else { me.id };
+                (a.va, a.bar_offset) = egpu.alloc(a.len, owner)?;
                 w.write(&a)?;
             }
             IOC_FREE => {
                 let (mut r, mut w) = user.reader_writer();
                 let mut f: FreeArgs = r.read()?;
-                if f.flags & !FREE_FROM_WORKER != 0 || f.delay_us > MAX_DELAY_US {
+                if f.flags & !(FREE_FROM_WORKER | FREE_KEPT) != 0 || f.delay_us > MAX_DELAY_US {
                     return Err(EINVAL);
                 }
+                let owner = if f.flags & FREE_KEPT != 0 { KEPT } else { me.id };
                 (f.callbacks, f.deferred) = if f.flags & FREE_FROM_WORKER != 0 {
-                    free_from_worker(egpu, me.id, f.va, f.delay_us)?
+                    free_from_worker(egpu, owner, f.va, f.delay_us)?
                 } else {
-                    egpu.free_and_revoke(me.id, Some(f.va), f.delay_us)?
+                    egpu.free_and_revoke(owner, Some(f.va), f.delay_us)?
                 };
                 w.write(&f)?;
             }
             IOC_INFO => {
                 let inner = egpu.inner.lock();
                 let free = inner.used.iter().filter(|u| !**u).count() as u64 * PAGE;
+                let kept = inner.allocs.iter().filter(|a| a.owner == KEPT).count() as u32;
+                let bar1_mib = u64::from(*module_parameters::bar1_mib.value());
                 let info = InfoArgs {
                     bar_bus_addr: egpu.bar_start + egpu.bus_offset(),
                     bar_len: egpu.bar_len,
                     free_bytes: free,
-                    allocations: inner.allocs.len() as u32,
+                    allocations: inner.allocs.len() as u32 - kept,
                     mappings: inner.mappings,
                     callbacks: egpu.callbacks.load(Relaxed),
                     puts_unlinked: egpu.puts_unlinked.load(Relaxed),
                     puts_foreign: egpu.puts_foreign.load(Relaxed),
+                    kept,
+                    pad: 0,
+                    bar1_size: if bar1_mib == 0 {
+                        egpu.bar_len - PAGE
+                    } else {
+                        bar1_mib << 20
+                    },
+                    bar1_used: inner.bar1_used,
                 };
                 drop(inner);
                 user.writer().write(&info)?;
@@ -926,17 +1166,33 @@ fn get_pages(
     // `rm_p2p_get_pages` and `rm_p2p_get_pages_persistent` run under the API lock.
     let _api = api_lock()?;
     let mut inner = egpu.inner.lock();
+    if !inner
+        .allocs
+        .iter()
+        .any(|a| !a.freed && a.tgid == tgid && a.contains(va, len))
+    {
+        return Err(EINVAL);
+    }
+    let n = (len / PAGE) as usize;
+    // BAR1 is finite: the range is mapped into it for this table (`nv_p2p_get_pages` ->
+    // `rm_p2p_get_pages`: the BAR1 mapping of the memory), and a full aperture fails the call
+    // with NV_ERR_NO_MEMORY, which nv-p2p returns as `-ENOMEM` (`nvidia_p2p_map_status`).
+    let bar1_limit = u64::from(*module_parameters::bar1_mib.value()) << 20;
+    let bar1_used = inner.bar1_used + len;
+    if bar1_limit != 0 && bar1_used > bar1_limit {
+        return Err(ENOMEM);
+    }
     let a = inner
         .allocs
         .iter_mut()
         .find(|a| !a.freed && a.tgid == tgid && a.contains(va, len))
         .ok_or(EINVAL)?;
-    let n = (len / PAGE) as usize;
-    let first = a.offset + (va - a.va());
+    let first = ((va - a.va()) / PAGE) as usize;
     let mut pages = KVec::with_capacity(n, GFP_KERNEL)?;
     let mut phys = KVec::with_capacity(n, GFP_KERNEL)?;
-    for i in 0..n as u64 {
-        let p = egpu.phys(first + i * PAGE);
+    for i in 0..n {
+        // Each 64 KiB page where the allocation's memory is: scattered over the BAR.
+        let p = egpu.phys(u64::from(a.pages[first + i]) * PAGE);
         phys.push(p, GFP_KERNEL)?;
         pages.push(
             KBox::new(
@@ -1007,6 +1263,7 @@ fn get_pages(
     };
     a.mappings.push(mapping, GFP_KERNEL)?;
     inner.mappings += 1;
+    inner.bar1_used = bar1_used;
     // SAFETY: the caller passes a valid location for the page table pointer (checked non-null).
     unsafe { *out = raw };
     Ok(())
@@ -1045,7 +1302,8 @@ fn put_pages(table: PageTablePtr, persistent: bool) -> Result {
     }
     let m = inner.allocs[i].mappings.remove(j).map_err(|_| EINVAL)?;
     inner.mappings -= 1;
-    reap_locked(&mut inner);
+    inner.bar1_used -= m.table.phys.len() as u64 * PAGE;
+    reap_locked(&egpu, &mut inner);
     drop(inner);
     free_mapping(m);
     Ok(())

@@ -186,6 +186,10 @@ struct gdirect_info_args {
  *                  bytes would take the caller past RLIMIT_MEMLOCK (host pages
  *                  count in the process's pinned_vm, as RDMA registrations do;
  *                  CAP_IPC_LOCK lifts the limit). Device memory is not charged.
+ *                  For the nvidia provider, also: the GPU's BAR1 aperture is full
+ *                  (nvidia_p2p_get_pages's -ENOMEM: every registration maps its
+ *                  range into BAR1; GPUs whose BAR1 is smaller than their memory
+ *                  run out); ending other registrations frees it.
  *  EINTR           REGISTER: a fatal signal came while the pages were being
  *                  pinned (the caller is being killed); nothing stays pinned.
  */

@@ -37,7 +37,7 @@ p2p_read() {
 		_dma_since &&
 		_expect_eq "bytes path bounce_bytes" "$1 p2p 0" "$(_rj .bytes) $(_rj .path) $(_rj .bounce_bytes)" &&
 		_expect_eq "bar ram cmb (host trace)" "$1 0 0" "$DMA_BAR_READ $DMA_RAM_READ $DMA_CMB_READ" &&
-		_host_compare "gpu:$(_rj .memory.bar_offset)" "${4:-nvme0}:${5:-$2}" "$1"
+		_host_compare "gva:$(_rj .memory.address)" "${4:-nvme0}:${5:-$2}" "$1"
 }
 _test "4 KiB at 168 MiB: all in the BAR, none in RAM" p2p_read 4096 $((168 * M))
 _test "64 KiB at 168 MiB + 12 KiB: all in the BAR" p2p_read $((64 * K)) $((168 * M + 12 * K))

@@ -63,7 +63,7 @@ rebound() { echo "$bdf" >"$drv/bind" && [ -e "$drv/$bdf" ]; }
 _test "the GPU driver binds again" rebound
 again() {
 	_gd_read "$ns" --mem egpu --offset 140M --len 4M &&
-		_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((140 * 1048576)) 4194304
+		_host_compare "gva:$(_rj .memory.address)" nvme0:$((140 * 1048576)) 4194304
 }
 _test "a read into GPU memory after the rebind is exact (host check)" again
 

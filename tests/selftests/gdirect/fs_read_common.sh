@@ -42,25 +42,25 @@ _test "the sparse file has holes ($(stat -c %b "$mnt/sparse") blocks of 512 for 
 _test "plain: 4 MiB read into GPU memory" _gd_read "$mnt/plain" --mem egpu
 _test "plain: peer to peer from the switch NVMe" _expect_eq path "p2p none" "$(_rj .path) $(_rj .reason)"
 _test "plain: the host finds the raw bytes in GPU memory" \
-	_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((2 * MiB)) $((4 * MiB))
+	_host_compare "gva:$(_rj .memory.address)" nvme0:$((2 * MiB)) $((4 * MiB))
 
 _test "sparse: 4 MiB read" _gd_read "$mnt/sparse" --mem egpu
 _test "sparse: all 4 MiB, no EOF" _expect_eq "bytes eof" "$((4 * MiB)) false" "$(_rj .bytes) $(_rj .eof)"
-bar=$(_rj .memory.bar_offset)
+va=$(_rj .memory.address)
 sparse_ok() {
-	_host_compare "gpu:$bar" nvme0:$((8 * MiB)) $MiB &&
-		_host_compare "gpu:$((bar + MiB))" zero:0 $((2 * MiB)) &&
-		_host_compare "gpu:$((bar + 3 * MiB))" nvme0:$((9 * MiB)) $MiB
+	_host_compare "gva:$va" nvme0:$((8 * MiB)) $MiB &&
+		_host_compare "gva:$((va + MiB))" zero:0 $((2 * MiB)) &&
+		_host_compare "gva:$((va + 3 * MiB))" nvme0:$((9 * MiB)) $MiB
 }
 _test "sparse: data where written, zeros in the hole (host check)" sparse_ok
 
 _test "short: a 2 MiB read of a 1 MiB + 1000 byte file succeeds" _gd_read "$mnt/short" --mem egpu --len 2M
 _test "short: it stops at the end of the file and says so" \
 	_expect_eq "bytes eof" "$((MiB + 1000)) true" "$(_rj .bytes) $(_rj .eof)"
-bar=$(_rj .memory.bar_offset)
+va=$(_rj .memory.address)
 short_ok() {
-	_host_compare "gpu:$bar" nvme0:$((12 * MiB)) $MiB &&
-		_host_compare "gpu:$((bar + MiB))" nvme0:$((13 * MiB)) 1000
+	_host_compare "gva:$va" nvme0:$((12 * MiB)) $MiB &&
+		_host_compare "gva:$((va + MiB))" nvme0:$((13 * MiB)) 1000
 }
 _test "short: the bytes up to the end are the file's (host check)" short_ok
 _test "the file system unmounts cleanly" umount "$mnt"

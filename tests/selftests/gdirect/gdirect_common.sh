@@ -23,6 +23,11 @@ done
 GDIRECT_MODULE=${GDIRECT_MODULE:-/lib/gdirect/gdirect.ko}
 GDIRECT_DEV=/dev/gdirect
 
+# `gdirect read/write --mem egpu` memory outlives the command, so that the host compares it
+# (_host_compare gva:ADDRESS) after the command ended: until the next _gd_read, or the emulated
+# GPU's unload at the end of the test, which frees (and poisons) it.
+export GDIRECT_EGPU_KEEP=1
+
 # One KTAP result: run the command (its arguments kept intact, unlike
 # ktap_test_result, which word-splits them) and report it as description $1.
 _test() {
@@ -249,7 +254,9 @@ _pci_bar_size() {
 }
 
 # The host-check channel (ttyS1, see scripts/vm): bytes compared from outside
-# the guest. Names: gpu (the emulated GPU's backing file, at BAR offsets),
+# the guest. Names: gva (emulated GPU memory at a GPU virtual address, such as
+# a read report's .memory.address: the host follows the GPU's page directory to
+# its scattered pages), gpu (the emulated GPU's backing file, at BAR offsets),
 # nvme0 and nvme1 (the drive images the host wrote, namespace 1), nvme0ns2 and
 # nvme0ns3 (the images of namespaces 2 and 3 of nvme0), nvme0ns4 (namespace 4:
 # random data, throttled by QEMU to 32 MB/s so that transfers stay in flight), zero.
@@ -327,9 +334,13 @@ _stat() {
 # Reads with `gdirect read ... --json` and keeps the report in $READ_JSON.
 # Usage: _gd_read FILE [options...]
 _gd_read() {
+	# The last _gd_read's kept GPU memory (see GDIRECT_EGPU_KEEP) is no longer needed.
+	[ -n "${_GD_KEPT_VA:-}" ] && gdirect-reg egpu-free-kept "$_GD_KEPT_VA" >/dev/null 2>&1
+	_GD_KEPT_VA=
 	READ_JSON=$(gdirect read "$@" --json)
 	_READ_RC=$?
-	ktap_print_msg "read $*: $(echo "$READ_JSON" | jq -c '{bytes,eof,path,reason,bounce_bytes,bar: .memory.bar_offset}' 2>/dev/null)"
+	[ "$(_rj .memory.kind)" = egpu ] && _GD_KEPT_VA=$(_rj .memory.address)
+	ktap_print_msg "read $*: $(echo "$READ_JSON" | jq -c '{bytes,eof,path,reason,bounce_bytes,gpu_page_runs: (.memory.bar_runs // [] | length)}' 2>/dev/null)"
 	return $_READ_RC
 }
 
@@ -342,7 +353,7 @@ _rj() { echo "$READ_JSON" | jq -r "$1"; }
 _gd_read_exact() {
 	_gd_read "$1" --mem egpu --offset "$2" --len "$3" &&
 		_expect_eq bytes "$3" "$(_rj .bytes)" &&
-		_host_compare "gpu:$(_rj .memory.bar_offset)" "$4:$5" "$3"
+		_host_compare "gva:$(_rj .memory.address)" "$4:$5" "$3"
 }
 
 # sha256 of the first $2 MiB of $1, read with O_DIRECT.

@@ -40,10 +40,11 @@ ktap_set_plan 17
 _test "the CPU fills the first MiB of the BAR with a known pattern" gdirect-mmap "$bar" 0 $M fill 12345
 _test "a host COMPARE of GPU memory no read wrote is reported FAIL" not _host_compare gpu:0 nvme0:0 $((64 * K))
 
-# 2. A 4 KiB read (into the first allocation: BAR offset 0, first fit) compared over 8 KiB.
+# 2. A 4 KiB read compared over 8 KiB (both inside its first 64 KiB page, whose BAR offset the
+# report gives: the emulated GPU's first run of pages).
 _test "control: a 4 KiB read at 200 KiB past 97 MiB lands in GPU memory" \
 	_gd_read "$dev" --mem egpu --offset $((97 * M + 200 * K)) --len 4K
-at=$(_rj .memory.bar_offset)
+at=$(($(_rj '.memory.bar_runs[0]' | cut -d+ -f1)))
 _test "control: its 4 KiB compare equal on the host" _host_compare "gpu:$at" nvme0:$((97 * M + 200 * K)) 4096
 _test "the same read compared over 8 KiB is reported FAIL" not _host_compare "gpu:$at" nvme0:$((97 * M + 200 * K)) 8192
 
@@ -52,14 +53,14 @@ _test "the CPU flips one byte of what was read" gdirect-mmap "$bar" "$at" 4096 f
 _test "the compare with one flipped byte is reported FAIL" not _host_compare "gpu:$at" nvme0:$((97 * M + 200 * K)) 4096
 
 # 4. The right bytes compared at the wrong offset of the drive.
-read_98m() { _gd_read "$dev" --mem egpu --offset 98M --len 64K && _host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((98 * M)) 65536; }
+read_98m() { _gd_read "$dev" --mem egpu --offset 98M --len 64K && _host_compare "gva:$(_rj .memory.address)" nvme0:$((98 * M)) 65536; }
 _test "control: a 64 KiB read at 98 MiB compares equal" read_98m
 _test "compared 4 KiB off in the drive, it is reported FAIL" \
-	not _host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((98 * M + 4096)) 65536
+	not _host_compare "gva:$(_rj .memory.address)" nvme0:$((98 * M + 4096)) 65536
 
 # 5. A wrong sha256, and --verify against a reference that differs.
 _test "a host SHA256 check with a wrong digest is reported FAIL" \
-	not _host_sha256 "gpu:$(_rj .memory.bar_offset)" 65536 "$(printf '%064d' 0)"
+	not _host_sha256 "gva:$(_rj .memory.address)" 65536 "$(printf '%064d' 0)"
 _test "control: gdirect read --verify against its own drive exits 0" \
 	_expect_eq "exit status" 0 "$(gdirect read "$dev" --mem egpu --offset 32M --len 64K --verify >/dev/null 2>&1; echo $?)"
 _test "gdirect read --verify against the other drive exits 3 (a mismatch)" \

@@ -40,14 +40,14 @@ p2p_read_exact() {
 	_dma_since || return 1
 	_expect_eq "path" "p2p none" "$(_rj .path) $(_rj .reason)" &&
 		_expect_eq "bar ram" "4194304 0" "$DMA_BAR_READ $DMA_RAM_READ" &&
-		_host_compare "gpu:$(_rj .memory.bar_offset)" "nvme0:$1" 4194304
+		_host_compare "gva:$(_rj .memory.address)" "nvme0:$1" 4194304
 }
 
 # Bounce (the NVMe across the host bridge): into guest RAM, then copied; the host compares.
 bounce_read_exact() {
 	_gd_read "$dev1" --mem egpu --offset "$1" --len 2M &&
 		_expect_eq "path" "bounce distance" "$(_rj .path) $(_rj .reason)" &&
-		_host_compare "gpu:$(_rj .memory.bar_offset)" "nvme1:$1" 2097152
+		_host_compare "gva:$(_rj .memory.address)" "nvme1:$1" 2097152
 }
 
 for gen in "535 R535 0x00010002" "580 R580 0x00020000"; do

@@ -328,7 +328,7 @@ _nvmeof_gpu_read_test() {
 	}
 	_test "bounced: the $trtype queue takes no P2P pages, and the report says why, naming $trtype" bounced_why
 	_test "the GPU memory holds the drive image's bytes (host check)" \
-		_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:0 16777216
+		_host_compare "gva:$(_rj .memory.address)" nvme0:0 16777216
 	_test "the 16 MiB are counted as through host memory" \
 		_expect_eq bounced $((bounced + 16777216)) "$(_stat bounce read bounce_bytes)"
 	at() {

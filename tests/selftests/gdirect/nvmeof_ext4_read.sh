@@ -45,12 +45,12 @@ for trtype in rdma tcp; do
 	_test "$trtype: reported as bounced for the $trtype queue" \
 		_expect_eq "path reason transport" "bounce queue_no_p2p $trtype" "$(_rj .path) $(_rj .reason) $(_rj .transport)"
 	_test "$trtype: the file's bytes are in GPU memory (host check)" \
-		_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((2 * MiB)) $((4 * MiB))
+		_host_compare "gva:$(_rj .memory.address)" nvme0:$((2 * MiB)) $((4 * MiB))
 	sparse() {
-		_gd_read "$mnt/sparse" --mem egpu && bar=$(_rj .memory.bar_offset) &&
-			_host_compare "gpu:$bar" nvme0:$((8 * MiB)) $MiB &&
-			_host_compare "gpu:$((bar + MiB))" zero:0 $MiB &&
-			_host_compare "gpu:$((bar + 2 * MiB))" nvme0:$((9 * MiB)) $MiB
+		_gd_read "$mnt/sparse" --mem egpu && va=$(_rj .memory.address) &&
+			_host_compare "gva:$va" nvme0:$((8 * MiB)) $MiB &&
+			_host_compare "gva:$((va + MiB))" zero:0 $MiB &&
+			_host_compare "gva:$((va + 2 * MiB))" nvme0:$((9 * MiB)) $MiB
 	}
 	_test "$trtype: the sparse file reads with zeros in its hole (host check)" sparse
 	down() { umount "$mnt" && _nvmeof_down; }

@@ -82,7 +82,7 @@ _bg_read_wait 60
 failed_over() {
 	_expect_eq "exit bytes" "0 $((128 * MIB))" "$BG_RC $(echo "$BG_JSON" | jq -r .bytes)" &&
 		_expect_eq "live controllers" 1 "$(live_ctrls)" &&
-		_host_compare "gpu:$(echo "$BG_JSON" | jq -r .memory.bar_offset)" nvme0:$((32 * MIB)) $((128 * MIB))
+		_host_compare "gva:$(echo "$BG_JSON" | jq -r .memory.address)" nvme0:$((32 * MIB)) $((128 * MIB))
 }
 _test "the lost path is down, the read failed over to the other and completed, exact (host check)" failed_over
 

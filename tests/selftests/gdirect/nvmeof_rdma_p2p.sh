@@ -89,7 +89,7 @@ forced() {
 	_gd_read "$NVMEOF_NS" --mem egpu --offset $((216 * MiB)) --len $((2 * MiB)) --force-bounce &&
 		_expect_eq "path reason bounce_bytes" "bounce forced $((2 * MiB))" \
 			"$(_rj .path) $(_rj .reason) $(_rj .bounce_bytes)" &&
-		_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((216 * MiB)) $((2 * MiB)) &&
+		_host_compare "gva:$(_rj .memory.address)" nvme0:$((216 * MiB)) $((2 * MiB)) &&
 		_expect_eq "p2pdma_write_bytes" "$p2p_bytes" "$(_rdma_counter rxe_near p2pdma_write_bytes)" &&
 		_expect_ge "ram_write_bytes" $((ram_bytes + 2 * MiB)) "$(_rdma_counter rxe_near ram_write_bytes)"
 }
@@ -111,7 +111,7 @@ file_read() {
 	_gd_read "$mnt/data" --mem egpu &&
 		_expect_eq "bytes path reason transport bounce_bytes" "$((5 * MiB)) p2p none rdma 0" \
 			"$(_rj .bytes) $(_rj .path) $(_rj .reason) $(_rj .transport) $(_rj .bounce_bytes)" &&
-		_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((218 * MiB)) $((5 * MiB)) &&
+		_host_compare "gva:$(_rj .memory.address)" nvme0:$((218 * MiB)) $((5 * MiB)) &&
 		_expect_eq "p2pdma_write_bytes" $((p2p_bytes + 5 * MiB)) "$(_rdma_counter rxe_near p2pdma_write_bytes)"
 }
 _test "the file read p2p into GPU memory: exact (host check), written by the RNIC into P2PDMA pages" file_read

@@ -44,7 +44,7 @@ _test "bounced for the PCI distance between the RNIC and the GPU memory, over rd
 	_expect_eq "bytes path reason transport bounce_bytes" "$((6 * MiB)) bounce distance rdma $((6 * MiB))" \
 	"$(_rj .bytes) $(_rj .path) $(_rj .reason) $(_rj .transport) $(_rj .bounce_bytes)"
 _test "the GPU memory holds the drive image's bytes (host check)" \
-	_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((224 * MiB)) $((6 * MiB))
+	_host_compare "gva:$(_rj .memory.address)" nvme0:$((224 * MiB)) $((6 * MiB))
 counted() {
 	_expect_eq bounced $((bounced + 6 * MiB)) "$(_stat bounce read bounce_bytes)" &&
 		_expect_eq p2pdma_write_bytes "$p2p_bytes" "$(_rdma_counter rxe_far p2pdma_write_bytes)" &&

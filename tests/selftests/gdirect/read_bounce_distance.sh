@@ -28,11 +28,11 @@ _test "the path is bounce, for distance" _expect_eq path "bounce distance" "$(_r
 _test "all 8 MiB went through host memory" _expect_eq bounce_bytes 8388608 "$(_rj .bounce_bytes)"
 _test "the stats count them as bounced" _expect_eq "bounced" $((bounced_before + 8388608)) "$(_stat bounce read bounce_bytes)"
 _test "the host's /dev/shm holds the drive image's bytes" \
-	_host_compare "gpu:$(_rj .memory.bar_offset)" nvme1:8388608 8388608
+	_host_compare "gva:$(_rj .memory.address)" nvme1:8388608 8388608
 forced() {
 	_gd_read "$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL")" --mem egpu --len 4M --force-bounce &&
 		_expect_eq path "bounce forced" "$(_rj .path) $(_rj .reason)" &&
-		_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:0 4194304
+		_host_compare "gva:$(_rj .memory.address)" nvme0:0 4194304
 }
 _test "a forced bounce from the switch NVMe says so, and is exact too" forced
 cmb() {

@@ -34,6 +34,6 @@ _test "the stats count the 16 MiB on the P2P path" _expect_eq "p2p read bytes" $
 _test "and nothing bounced" _expect_eq "bounced" "$bounce_before" \
 	"$(( $(_stat bounce read bounce_bytes) + $(_stat p2p read bounce_bytes) ))"
 _test "the host's /dev/shm holds the drive image's bytes" \
-	_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:4194304 16777216
+	_host_compare "gva:$(_rj .memory.address)" nvme0:4194304 16777216
 
 ktap_finished

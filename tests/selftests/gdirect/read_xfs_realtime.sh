@@ -52,13 +52,13 @@ ktap_print_msg "why: $(_rj .why)"
 _test "bounced, with the reason data_device (not P2P on the data device's word)" \
 	_expect_eq "path reason bounce_bytes" "bounce data_device $((8 * MiB))" "$(_rj .path) $(_rj .reason) $(_rj .bounce_bytes)"
 _test "the host finds the raw bytes in GPU memory" \
-	_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((20 * MiB)) $((8 * MiB))
+	_host_compare "gva:$(_rj .memory.address)" nvme0:$((20 * MiB)) $((8 * MiB))
 _test "QEMU saw the NVMe DMA none of the file's bytes (they came from the realtime device)" \
 	sh -c "[ ${DMA_RAM_READ:-x} -lt $MiB ] && [ ${DMA_BAR_READ:-x} -eq 0 ]"
 _test "a read at an offset is exact too" _gd_read "$mnt/rt" --mem egpu --offset $((3 * MiB)) --len $((2 * MiB))
 at_ok() {
 	_expect_eq "bytes reason" "$((2 * MiB)) data_device" "$(_rj .bytes) $(_rj .reason)" &&
-		_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((23 * MiB)) $((2 * MiB))
+		_host_compare "gva:$(_rj .memory.address)" nvme0:$((23 * MiB)) $((2 * MiB))
 }
 _test "... and its bytes are the file's (host check)" at_ok
 

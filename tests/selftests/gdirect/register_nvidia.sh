@@ -37,7 +37,7 @@ _test "the peer under the same switch gets bus addresses" _expect_eq map_type bu
 _test "the memory's owner is the GPU" _expect_eq owner "$gpu" "$(_kv "$out" owner)"
 sysfs_bar=$(printf '0x%x' "$(sed -n 3p "/sys/bus/pci/devices/$gpu/resource" | cut -d' ' -f1)")
 _test "the GPU's BAR2 bus address is the one in sysfs" _expect_eq bar "$sysfs_bar" "$(_kv "$out" bar_bus_addr)"
-_test "every address is BAR2 + allocation offset + i * 64 KiB" _expect_eq bus_match 16/16 "$(_kv "$out" bus_match)"
+_test "every address is BAR2 + its page's own offset (the GPU's page directory)" _expect_eq bus_match 16/16 "$(_kv "$out" bus_match)"
 _test "unregister puts the page table back" \
 	_expect_eq mappings 0 "$(_kv "$(echo "$out" | sed -n 's/^after_unregister //p')" egpu_mappings)"
 

@@ -37,7 +37,7 @@ ended() {
 	if [ "$BG_RC" -eq 0 ]; then
 		# It finished first: then every byte it claims is right.
 		_expect_eq bytes $((48 * M)) "$(echo "$BG_JSON" | jq -r .bytes)" &&
-			_host_compare "gpu:$(echo "$BG_JSON" | jq -r .memory.bar_offset)" nvme0ns4:$((8 * M)) $((48 * M))
+			_host_compare "gva:$(echo "$BG_JSON" | jq -r .memory.address)" nvme0ns4:$((8 * M)) $((48 * M))
 	else
 		_bg_read_failed_cleanly &&
 			case "$(echo "$BG_JSON" | jq -r .error.errno)" in ENODEV | EIO) true ;; *) false ;; esac
@@ -64,7 +64,7 @@ _test "after a rescan the controller and its namespace are back" rescanned
 again() {
 	_gd_read "$ns" --mem egpu --offset 72M --len 8M &&
 		_expect_eq "bytes path" "$((8 * M)) p2p" "$(_rj .bytes) $(_rj .path)" &&
-		_host_compare "gpu:$(_rj .memory.bar_offset)" nvme0:$((72 * M)) $((8 * M))
+		_host_compare "gva:$(_rj .memory.address)" nvme0:$((72 * M)) $((8 * M))
 }
 _test "a read from it into GPU memory is peer to peer and exact again" again
 

@@ -69,7 +69,10 @@ use std::{
     sync::atomic::{AtomicU64, Ordering},
 };
 
-use gdirect::{egpu::Egpu, raw, Batch, Driver, Errno, Error, File, IoOptions, IoPath};
+use gdirect::{
+    egpu::{Egpu, EgpuAllocation},
+    raw, Batch, Driver, Errno, Error, File, IoOptions, IoPath,
+};
 
 static FAILURES: AtomicU64 = AtomicU64::new(0);
 
@@ -530,8 +533,8 @@ fn random(count: u64, seed: u64, devs: &[String]) -> gdirect::Result<()> {
         }
     }
     println!(
-        "reads={count} bytes={bytes} p2p={p2p} bounce={bounce} eof={eofs} bar_offset={}",
-        alloc.bar_offset()
+        "reads={count} bytes={bytes} p2p={p2p} bounce={bounce} eof={eofs} bar_pages={}",
+        alloc.bar_pages()?.len()
     );
     Ok(())
 }
@@ -949,7 +952,7 @@ fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
     let mut alloc = gpu.alloc(count * LEN)?;
-    let (va, bar_offset) = (alloc.va(), alloc.bar_offset());
+    let (va, pages) = (alloc.va(), alloc.bar_pages()?);
     // Poisoned, so that a read that did not land cannot pass for one that did.
     let poison = vec![0xa5u8; LEN as usize];
     for i in 0..count {
@@ -970,29 +973,26 @@ fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
         }
         submitted += queued;
     }
-    // Free while the reads are in flight: the free returns once no read can touch the memory.
-    // How many were in flight is the module's debugfs counter, read just before.
-    let in_flight = debugfs::counter("active_transfers")?;
-    let report = gpu.free_va(va)?;
-    // The allocation's bytes must not change from here on.
-    let snapshot = bar_bytes(bar_offset, count * LEN)?;
+    // Reads already complete before the free: their bytes are checked in the memory now (the
+    // emulated GPU poisons memory when it is freed, so no read's bytes can be seen after).
     let (mut ok, mut revoked, mut other) = (0, 0, 0);
-    let mut mismatches = 0;
+    let (mut checked, mut mismatches) = (0, 0);
     let mut reaped = 0;
-    while reaped < submitted {
-        for c in driver.reap(count as usize, true)? {
-            reaped += 1;
+    let mut tally =
+        |c: gdirect::Completion, memory: Option<&EgpuAllocation>| -> gdirect::Result<()> {
             match c.result {
                 Ok(t) if t.bytes == LEN => {
                     ok += 1;
-                    // A read that completed did so before the free returned: its bytes are
-                    // in the snapshot.
-                    let i = c.user_data;
-                    let got = &snapshot[(i * LEN) as usize..((i + 1) * LEN) as usize];
-                    let src = ((i % 16) * LEN) as usize;
-                    if reference.get(src..src + LEN as usize) != Some(got) {
-                        mismatches += 1;
-                        println!("completed read {i} holds other bytes than the drive's");
+                    if let Some(alloc) = memory {
+                        let i = c.user_data;
+                        let mut got = vec![0u8; LEN as usize];
+                        alloc.read(i * LEN, &mut got)?;
+                        let src = ((i % 16) * LEN) as usize;
+                        checked += 1;
+                        if reference.get(src..src + LEN as usize) != Some(&got[..]) {
+                            mismatches += 1;
+                            println!("completed read {i} holds other bytes than the drive's");
+                        }
                     }
                 }
                 Err(Errno::EKEYREVOKED) => revoked += 1,
@@ -1001,15 +1001,36 @@ fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
                     println!("unexpected completion {}: {r:?}", c.user_data);
                 }
             }
+            Ok(())
+        };
+    for c in driver.reap(count as usize, false)? {
+        reaped += 1;
+        tally(c, Some(&alloc))?;
+    }
+    // Free while the reads are in flight: the free returns once no read can touch the memory.
+    // How many were in flight is the module's debugfs counter, read just before.
+    let in_flight = debugfs::counter("active_transfers")?;
+    let report = gpu.free_va(va)?;
+    // The free poisoned the memory (EGPU_FREED_POISON): every byte must be that, and stay so
+    // while the reads still queued end.
+    let snapshot = bar_pages_bytes(&pages)?;
+    let poisoned = snapshot.iter().all(|&b| b == FREED_POISON);
+    while reaped < submitted {
+        for c in driver.reap(count as usize, true)? {
+            reaped += 1;
+            tally(c, None)?;
         }
     }
-    let after = bar_bytes(bar_offset, count * LEN)?;
+    let after = bar_pages_bytes(&pages)?;
     println!(
         "submitted={submitted} completed_ok={ok} revoked={revoked} other={other} callbacks={}",
         report.callbacks
     );
-    println!("unchanged_after_revocation={}", snapshot == after);
-    println!("data_checked={ok} data_mismatches={mismatches} in_flight_at_free={in_flight}");
+    println!(
+        "unchanged_after_revocation={} poisoned_at_free={poisoned}",
+        snapshot == after && poisoned
+    );
+    println!("data_checked={checked} data_mismatches={mismatches} in_flight_at_free={in_flight}");
     let query_after = reg.query(gdirect::PciAddress {
         domain: 0,
         bus: 0,
@@ -1033,17 +1054,33 @@ fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
     Ok(())
 }
 
-/// The bytes of BAR2 at `[offset, offset + len)`, read through a fresh allocation-free mapping.
-fn bar_bytes(offset: u64, len: u64) -> gdirect::Result<Vec<u8>> {
+/// The byte the emulated GPU fills freed memory with (`EGPU_FREED_POISON`).
+const FREED_POISON: u8 = gdirect::egpu::FREED_POISON;
+
+/// The bytes of BAR2's 64 KiB pages at `pages` (BAR offsets), in order, read through a fresh
+/// mapping of the BAR (the allocation they were may be freed).
+fn bar_pages_bytes(pages: &[u64]) -> gdirect::Result<Vec<u8>> {
     let path = gdirect::egpu::sysfs_device()?.join("resource2");
     let err = |e: std::io::Error| Error::OpenFile {
         path: path.clone(),
         errno: Errno::from_raw(e.raw_os_error().unwrap_or(5)),
     };
     let mut f = StdFile::open(&path).map_err(err)?;
-    let mut out = vec![0u8; len as usize];
-    let map = MapRead::new(&mut f, offset, len)?;
-    out.copy_from_slice(map.bytes());
+    let bar_len = f.metadata().map_err(err)?.len();
+    let map = MapRead::new(&mut f, 0, bar_len)?;
+    let page = gdirect::egpu::PAGE_SIZE as usize;
+    let mut out = Vec::with_capacity(pages.len() * page);
+    for &p in pages {
+        let bytes =
+            map.bytes()
+                .get(p as usize..p as usize + page)
+                .ok_or(Error::OutOfMemoryRange {
+                    offset: p,
+                    len: page as u64,
+                    size: bar_len,
+                })?;
+        out.extend_from_slice(bytes);
+    }
     Ok(out)
 }
 

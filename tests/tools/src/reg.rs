@@ -22,6 +22,7 @@
 //!                                  `ready pid=PID`, and sleep until killed
 //!   stress THREADS CYCLES PEER     register/query/unregister loops on host and egpu memory
 //!   egpu-info                      the emulated GPU's allocations, mappings and callbacks
+//!   egpu-free-kept VA              free a kept allocation (GDIRECT_EGPU_KEEP=1 gdirect read)
 //!   revoke-race ROUNDS PEER        free GPU memory while another thread queries and unregisters it
 //!   put-race ROUNDS PEER DEV       each interleaving of the registration's end (put_pages) with
 //!                                  the free callback, forced with the emulated GPU's delay knob
@@ -53,6 +54,14 @@ use gdirect::{
     raw, Batch, DeviceMemory, Driver, Errno, Error, HostBuffer, MapType, P2pMem, PciAddress,
     Provider, RegisterOptions,
 };
+
+/// A GPU virtual address, decimal or 0x-hex.
+fn parse_va(s: &str) -> Option<u64> {
+    match s.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
 
 /// Failed checks so far.
 static FAILURES: AtomicU64 = AtomicU64::new(0);
@@ -96,6 +105,10 @@ fn main() -> ExitCode {
         },
         (Some("limits"), _) => limits(),
         (Some("egpu-info"), _) => egpu_info(),
+        (Some("egpu-free-kept"), _) => match arg(1).and_then(parse_va) {
+            Some(va) => egpu_free_kept(va),
+            _ => return usage(),
+        },
         (Some("revoke-race"), _) => match (num(1), peer(2)) {
             (Some(rounds), Some(p)) => revoke_race(rounds, p),
             _ => return usage(),
@@ -217,11 +230,18 @@ fn egpu(size: u64, peer: PciAddress, persistent: bool) -> gdirect::Result<()> {
     alloc.read(0, &mut fresh)?;
     let poisoned = fresh.iter().all(|&b| b == 0xe9);
     let bar = gpu.info()?.bar_bus_addr;
+    let pages = alloc.bar_pages()?;
+    // The emulated GPU scatters an allocation's pages: no two in a row adjacent in the BAR.
+    let adjacent = pages
+        .windows(2)
+        .filter(|w| w[0].abs_diff(w[1]) == EGPU_PAGE)
+        .count();
     let reg = driver.register_with(&alloc, RegisterOptions::new().persistent(persistent))?;
     println!(
-        "va={:#x} bar_offset={:#x} bar_bus_addr={bar:#x} poisoned={poisoned}",
+        "va={:#x} first_bar_page={:#x} bar_bus_addr={bar:#x} poisoned={poisoned} pages={} adjacent_pages={adjacent}",
         alloc.va(),
-        alloc.bar_offset()
+        pages.first().copied().unwrap_or(0),
+        pages.len()
     );
     println!(
         "page_size={} page_count={}",
@@ -237,9 +257,8 @@ fn egpu(size: u64, peer: PciAddress, persistent: bool) -> gdirect::Result<()> {
         map.owner.map_or("none".into(), |o| o.to_string())
     );
     if map.map_type == MapType::BusAddr {
-        let expected: Vec<u64> = (0..reg.page_count())
-            .map(|i| bar + alloc.bar_offset() + i * EGPU_PAGE)
-            .collect();
+        // Each page where the emulated GPU put it, read from its page directory.
+        let expected: Vec<u64> = pages.iter().map(|p| bar + p).collect();
         let matched = map
             .addrs
             .iter()
@@ -247,7 +266,7 @@ fn egpu(size: u64, peer: PciAddress, persistent: bool) -> gdirect::Result<()> {
             .filter(|(a, e)| a == e)
             .count();
         check(
-            "bus addresses are BAR2 + offset + i * 64 KiB",
+            "bus addresses are BAR2 + each page's offset",
             matched == expected.len() && map.addrs.len() == expected.len(),
             || {
                 format!(
@@ -1075,14 +1094,24 @@ fn query_privilege(peer: PciAddress, undriven: PciAddress) -> gdirect::Result<()
 fn egpu_info() -> gdirect::Result<()> {
     let info = Egpu::open()?.info()?;
     println!(
-        "allocations={} mappings={} callbacks={} bar_bus_addr={:#x} bar_len={} free_bytes={}",
+        "allocations={} mappings={} callbacks={} bar_bus_addr={:#x} bar_len={} free_bytes={} kept={} bar1_size={} bar1_used={}",
         info.allocations,
         info.mappings,
         info.callbacks,
         info.bar_bus_addr,
         info.bar_len,
-        info.free_bytes
+        info.free_bytes,
+        info.kept,
+        info.bar1_size,
+        info.bar1_used
     );
+    Ok(())
+}
+
+/// Frees a kept emulated GPU allocation (`gdirect read --mem egpu` with GDIRECT_EGPU_KEEP=1).
+fn egpu_free_kept(va: u64) -> gdirect::Result<()> {
+    let report = Egpu::open()?.free_kept(va)?;
+    println!("freed={va:#x} callbacks={}", report.callbacks);
     Ok(())
 }
 
@@ -1308,3 +1337,4 @@ fn stress(threads: u64, cycles: u64, peer: PciAddress) -> gdirect::Result<()> {
     );
     Ok(())
 }
+

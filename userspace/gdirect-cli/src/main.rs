@@ -124,9 +124,11 @@ enum Command {
         #[arg(long, value_name = "N", conflicts_with_all = ["mem", "chunk", "force_bounce", "poison"])]
         gpu: Option<usize>,
         /// Read into this memory, through the module, instead of a CUDA device's: `host` (a
-        /// buffer of this process), `egpu` (the test rig's emulated GPU), or `p2pmem` (P2P
-        /// memory of the first device that publishes some; `p2pmem:BDF` of that one). Needed
-        /// where no CUDA GPU is present.
+        /// buffer of this process), `egpu` (the test rig's emulated GPU; with
+        /// GDIRECT_EGPU_KEEP=1 in the environment its memory outlives the command, until
+        /// `gdirect-reg egpu-free-kept VA` or the rig's module unload), or `p2pmem` (P2P memory
+        /// of the first device that publishes some; `p2pmem:BDF` of that one). Needed where no
+        /// CUDA GPU is present.
         #[arg(long, value_parser = parse_mem, value_name = "MEM")]
         mem: Option<MemKind>,
         /// Where in the file to start (a multiple of its logical block size; K, M, G suffixes).
@@ -584,6 +586,25 @@ struct QueryJson {
     peers: Vec<PeerJson>,
 }
 
+/// With this set to 1, `--mem egpu` memory outlives the command (an emulated GPU allocation
+/// of no file), for the rig's host checks: freed with `gdirect-reg egpu-free-kept VA` or when the
+/// emulated GPU's module is unloaded.
+const EGPU_KEEP_ENV: &str = "GDIRECT_EGPU_KEEP";
+
+/// An emulated GPU allocation's BAR pages as runs of adjacent pages, `OFFSET+LEN` (hex).
+fn bar_runs(pages: &[u64]) -> Vec<String> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &p in pages {
+        match runs.last_mut() {
+            Some((start, len)) if *start + *len == p => *len += gdirect::egpu::PAGE_SIZE,
+            _ => runs.push((p, gdirect::egpu::PAGE_SIZE)),
+        }
+    }
+    runs.iter()
+        .map(|(start, len)| format!("{start:#x}+{len:#x}"))
+        .collect()
+}
+
 /// The memory a command registers, kept alive while it runs.
 enum Mem {
     Host(HostBuffer),
@@ -601,9 +622,16 @@ impl Mem {
             MemKind::Host => Ok(Self::Host(HostBuffer::new(len)?)),
             MemKind::P2pmem(None) => Ok(Self::P2p(P2pMem::allocate_any(len)?)),
             MemKind::P2pmem(Some(dev)) => Ok(Self::P2p(P2pMem::allocate(dev, len)?)),
-            MemKind::Egpu => Ok(Self::Egpu(Egpu::open()?.alloc(
-                size.div_ceil(gdirect::egpu::PAGE_SIZE) * gdirect::egpu::PAGE_SIZE,
-            )?)),
+            MemKind::Egpu => {
+                let len = size.div_ceil(gdirect::egpu::PAGE_SIZE) * gdirect::egpu::PAGE_SIZE;
+                let gpu = Egpu::open()?;
+                // The rig's host checks compare the memory after the command has ended.
+                if std::env::var_os(EGPU_KEEP_ENV).is_some_and(|v| v == "1") {
+                    Ok(Self::Egpu(gpu.alloc_kept(len)?))
+                } else {
+                    Ok(Self::Egpu(gpu.alloc(len)?))
+                }
+            }
         }
     }
 
@@ -654,14 +682,14 @@ impl Mem {
             Self::Host(m) => MemJson {
                 kind: "host",
                 address: m.device_address(),
-                bar_offset: None,
+                bar_runs: None,
                 device: None,
                 poison_seed: None,
             },
             Self::Egpu(m) => MemJson {
                 kind: "egpu",
                 address: m.va(),
-                bar_offset: Some(m.bar_offset()),
+                bar_runs: m.bar_pages().ok().map(|p| bar_runs(&p)),
                 device: gdirect::egpu::sysfs_device()
                     .ok()
                     .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())),
@@ -670,7 +698,7 @@ impl Mem {
             Self::P2p(m) => MemJson {
                 kind: "p2pmem",
                 address: m.device_address(),
-                bar_offset: None,
+                bar_runs: None,
                 device: Some(m.device().to_string()),
                 poison_seed: None,
             },
@@ -965,8 +993,9 @@ mod tests {
 struct MemJson {
     kind: &'static str,
     address: u64,
+    /// Where an emulated GPU allocation's scattered pages are in its BAR: `OFFSET+LEN` runs.
     #[serde(skip_serializing_if = "Option::is_none")]
-    bar_offset: Option<u64>,
+    bar_runs: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     device: Option<String>,
     /// The seed of the pattern the memory was filled with before a read.

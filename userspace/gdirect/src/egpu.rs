@@ -33,6 +33,10 @@ use crate::{
 pub const DEVICE_PATH: &str = "/dev/gdirect_egpu";
 /// Allocation granularity and alignment (the nv-p2p page size).
 pub const PAGE_SIZE: u64 = sys::EGPU_PAGE_SIZE as u64;
+/// The byte a new allocation is filled with.
+pub const POISON: u8 = sys::EGPU_POISON as u8;
+/// The byte the emulated GPU fills freed memory with.
+pub const FREED_POISON: u8 = sys::EGPU_FREED_POISON as u8;
 
 /// An open handle to the emulated GPU: a "CUDA context". Its allocations are freed with it.
 #[derive(Debug)]
@@ -97,6 +101,12 @@ pub struct EgpuInfo {
     /// `nvidia_p2p_put_pages` calls from another process than the one that got the pages: as
     /// in NVIDIA's driver, they put nothing and return 0.
     pub puts_foreign: u64,
+    /// Live kept allocations ([`Egpu::alloc_kept`]), not counted in `allocations`.
+    pub kept: u32,
+    /// The emulated BAR1 aperture, which limits the nv-p2p page tables handed out.
+    pub bar1_size: u64,
+    /// The part of BAR1 the handed-out page tables map.
+    pub bar1_used: u64,
 }
 
 /// What freeing an allocation did to its registrations.
@@ -136,10 +146,22 @@ impl Egpu {
         }))
     }
 
-    /// Allocates `len` bytes (a multiple of [`PAGE_SIZE`]) of GPU memory.
+    /// Allocates `len` bytes (a multiple of [`PAGE_SIZE`]) of GPU memory, freed with this handle.
     pub fn alloc(self: &Arc<Self>, len: u64) -> Result<EgpuAllocation> {
+        self.alloc_with(len, 0)
+    }
+
+    /// Allocates `len` bytes of GPU memory that outlive this handle and the process: the rig's
+    /// host checks read them after the program ends. Freed by [`Egpu::free_kept`], or when the
+    /// emulated GPU's driver is unbound (unloaded).
+    pub fn alloc_kept(self: &Arc<Self>, len: u64) -> Result<EgpuAllocation> {
+        self.alloc_with(len, sys::EGPU_ALLOC_KEPT)
+    }
+
+    fn alloc_with(self: &Arc<Self>, len: u64, flags: u32) -> Result<EgpuAllocation> {
         let mut args = sys::egpu_alloc_args {
             len,
+            flags,
             ..Default::default()
         };
         // SAFETY: `args` is a valid, writable struct for the call; the driver keeps no pointer.
@@ -148,9 +170,9 @@ impl Egpu {
         Ok(EgpuAllocation {
             egpu: self.clone(),
             va: args.va,
-            bar_offset: args.bar_offset,
             len,
             freed: false,
+            kept: flags & sys::EGPU_ALLOC_KEPT != 0,
         })
     }
 
@@ -169,7 +191,75 @@ impl Egpu {
             callbacks: args.callbacks,
             puts_unlinked: args.puts_unlinked,
             puts_foreign: args.puts_foreign,
+            kept: args.kept,
+            bar1_size: args.bar1_size,
+            bar1_used: args.bar1_used,
         })
+    }
+
+    /// Frees the kept allocation (see [`Egpu::alloc_kept`]) at GPU virtual address `va`.
+    pub fn free_kept(&self, va: u64) -> Result<FreeReport> {
+        self.free_va_with(va, std::time::Duration::ZERO, sys::EGPU_FREE_KEPT)
+    }
+
+    /// The BAR offset of each 64 KiB page of the GPU virtual range `[va, va + len)`, from the
+    /// emulated GPU's page directory (BAR2's last page): its pages are scattered over the BAR.
+    pub fn bar_pages(&self, va: u64, len: u64) -> Result<Vec<u64>> {
+        let bar = self.bar()?;
+        let dir = bar
+            .len
+            .checked_sub(PAGE_SIZE as usize)
+            .ok_or(Error::Allocation {
+                what: "the emulated GPU's page directory".into(),
+                errno: Errno::ENODEV,
+            })?;
+        let corrupt = |what: String| Error::Allocation {
+            what: format!("the emulated GPU's page directory: {what}"),
+            errno: Errno::EIO,
+        };
+        let word = |at: usize| -> u64 {
+            // SAFETY: `at + 8 <= bar.len` (callers stay inside the directory page, the BAR's
+            // last), 8-byte aligned (the page is, and so are the offsets used).
+            unsafe { bar.ptr.as_ptr().add(at).cast::<u64>().read_volatile() }
+        };
+        if word(dir) != sys::EGPU_PAGEDIR_MAGIC {
+            return Err(corrupt(format!("magic {:#x}", word(dir))));
+        }
+        let entries = word(dir + 8) & 0xffff_ffff;
+        // One u32 per entry after the header, inside the directory's page.
+        let room = (PAGE_SIZE - u64::from(sys::EGPU_PAGEDIR_HEADER)) / 4;
+        if entries > room {
+            return Err(corrupt(format!("{entries} entries, room for {room}")));
+        }
+        let out_of_range = || Error::OutOfMemoryRange {
+            offset: va,
+            len,
+            size: entries * PAGE_SIZE,
+        };
+        let first = va
+            .checked_sub(sys::EGPU_VA_BASE)
+            .filter(|o| o % PAGE_SIZE == 0 && len % PAGE_SIZE == 0)
+            .ok_or_else(out_of_range)?
+            / PAGE_SIZE;
+        let count = len / PAGE_SIZE;
+        if first.checked_add(count).is_none_or(|end| end > entries) {
+            return Err(out_of_range());
+        }
+        (first..first + count)
+            .map(|v| {
+                let at = dir + sys::EGPU_PAGEDIR_HEADER as usize + v as usize * 4;
+                // SAFETY: `v < entries`, so the entry lies in the directory page (the header
+                // and one u32 per entry fit it: the driver checks at probe); 4-byte aligned.
+                let e = unsafe { bar.ptr.as_ptr().add(at).cast::<u32>().read_volatile() };
+                let e = u32::from_le(e);
+                match e.checked_sub(1) {
+                    Some(page) if u64::from(page) * PAGE_SIZE < dir as u64 => {
+                        Ok(u64::from(page) * PAGE_SIZE)
+                    }
+                    _ => Err(corrupt(format!("GPU page {v:#x} maps to entry {e}"))),
+                }
+            })
+            .collect()
     }
 
     fn bar(&self) -> Result<&Bar> {
@@ -246,14 +336,17 @@ impl Egpu {
     }
 }
 
-/// An allocation of emulated GPU memory; freed when dropped.
+/// An allocation of emulated GPU memory; freed when dropped, unless kept
+/// ([`Egpu::alloc_kept`]).
 #[derive(Debug)]
 pub struct EgpuAllocation {
     egpu: Arc<Egpu>,
     va: u64,
-    bar_offset: u64,
     len: u64,
+    /// Freed already: not freed on drop.
     freed: bool,
+    /// Kept ([`Egpu::alloc_kept`]): not freed on drop either.
+    kept: bool,
 }
 
 impl EgpuAllocation {
@@ -262,30 +355,32 @@ impl EgpuAllocation {
         self.va
     }
 
-    /// Where the memory is in the device's BAR2 (and in the host's backing file).
-    pub fn bar_offset(&self) -> u64 {
-        self.bar_offset
+    /// Where each of its 64 KiB pages is in the device's BAR2 (and the host's backing file).
+    pub fn bar_pages(&self) -> Result<Vec<u64>> {
+        self.egpu.bar_pages(self.va, self.len)
     }
 
     /// Copies `out.len()` bytes at `offset` of the allocation to `out`, through a CPU mapping of
-    /// the GPU's BAR (as `cudaMemcpy` device-to-host would).
+    /// the GPU's BAR (as `cudaMemcpy` device-to-host would), page by page.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
-        let start = self.span(offset, out.len())?;
         let bar = self.egpu.bar()?;
-        // 8-byte loads where aligned (a BAR mapping is uncached: fewer, wider accesses).
-        let mut i = 0;
-        while i < out.len() {
-            let at = start + i;
-            if at % 8 == 0 && out.len() - i >= 8 {
-                // SAFETY: `at..at + 8` is inside the allocation, inside the BAR mapping
-                // (checked by `span`), and 8-byte aligned.
-                let w = unsafe { bar.ptr.as_ptr().add(at).cast::<u64>().read_volatile() };
-                out[i..i + 8].copy_from_slice(&w.to_ne_bytes());
-                i += 8;
-            } else {
-                // SAFETY: `at` is inside the allocation, inside the BAR mapping (checked).
-                out[i] = unsafe { bar.ptr.as_ptr().add(at).read_volatile() };
-                i += 1;
+        for (at, range) in self.spans(offset, out.len())? {
+            let out = &mut out[range];
+            // 8-byte loads where aligned (a BAR mapping is uncached: fewer, wider accesses).
+            let mut i = 0;
+            while i < out.len() {
+                let p = at + i;
+                if p % 8 == 0 && out.len() - i >= 8 {
+                    // SAFETY: `p..p + 8` is inside one page of the allocation, inside the BAR
+                    // mapping (checked by `spans`), and 8-byte aligned.
+                    let w = unsafe { bar.ptr.as_ptr().add(p).cast::<u64>().read_volatile() };
+                    out[i..i + 8].copy_from_slice(&w.to_ne_bytes());
+                    i += 8;
+                } else {
+                    // SAFETY: `p` is inside a page of the allocation, inside the BAR mapping.
+                    out[i] = unsafe { bar.ptr.as_ptr().add(p).read_volatile() };
+                    i += 1;
+                }
             }
         }
         Ok(())
@@ -293,54 +388,69 @@ impl EgpuAllocation {
 
     /// Copies `data` into the allocation at `offset` through the CPU mapping of the BAR.
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
-        let start = self.span(offset, data.len())?;
         let bar = self.egpu.bar()?;
-        let mut i = 0;
-        while i < data.len() {
-            let at = start + i;
-            if at % 8 == 0 && data.len() - i >= 8 {
-                let mut w = [0u8; 8];
-                w.copy_from_slice(&data[i..i + 8]);
-                // SAFETY: as in `read`; `&mut self` makes this the only writer through this
-                // value.
-                unsafe {
-                    bar.ptr
-                        .as_ptr()
-                        .add(at)
-                        .cast::<u64>()
-                        .write_volatile(u64::from_ne_bytes(w))
-                };
-                i += 8;
-            } else {
-                // SAFETY: as above.
-                unsafe { bar.ptr.as_ptr().add(at).write_volatile(data[i]) };
-                i += 1;
+        for (at, range) in self.spans(offset, data.len())? {
+            let data = &data[range];
+            let mut i = 0;
+            while i < data.len() {
+                let p = at + i;
+                if p % 8 == 0 && data.len() - i >= 8 {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(&data[i..i + 8]);
+                    // SAFETY: as in `read`; `&mut self` makes this the only writer through
+                    // this value.
+                    unsafe {
+                        bar.ptr
+                            .as_ptr()
+                            .add(p)
+                            .cast::<u64>()
+                            .write_volatile(u64::from_ne_bytes(w))
+                    };
+                    i += 8;
+                } else {
+                    // SAFETY: as above.
+                    unsafe { bar.ptr.as_ptr().add(p).write_volatile(data[i]) };
+                    i += 1;
+                }
             }
         }
         Ok(())
     }
 
-    /// The BAR offset of `[offset, offset + len)` of the allocation, checked.
-    fn span(&self, offset: u64, len: usize) -> Result<usize> {
+    /// `[offset, offset + len)` of the allocation as pieces of its pages: each piece's BAR
+    /// offset and its range of the caller's buffer, checked to lie in the allocation and the BAR.
+    fn spans(&self, offset: u64, len: usize) -> Result<Vec<(usize, std::ops::Range<usize>)>> {
         let end = offset.checked_add(len as u64).filter(|e| *e <= self.len);
-        let bar_len = self.egpu.bar()?.len as u64;
-        match end {
-            Some(_) if self.bar_offset + self.len <= bar_len => {
-                Ok((self.bar_offset + offset) as usize)
-            }
-            _ => Err(Error::OutOfMemoryRange {
+        let Some(end) = end else {
+            return Err(Error::OutOfMemoryRange {
                 offset,
                 len: len as u64,
                 size: self.len,
-            }),
+            });
+        };
+        let pages = self.bar_pages()?;
+        let mut out = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let page = (at / PAGE_SIZE) as usize;
+            let within = at % PAGE_SIZE;
+            let n = (PAGE_SIZE - within).min(end - at);
+            let done = (at - offset) as usize;
+            out.push(((pages[page] + within) as usize, done..done + n as usize));
+            at += n;
         }
+        Ok(out)
     }
 
     /// Frees the allocation now, like `cudaFree`: registrations of it are revoked, unless
     /// persistent.
     pub fn free(mut self) -> Result<FreeReport> {
         self.freed = true;
-        self.egpu.free_va(self.va)
+        if self.kept {
+            self.egpu.free_kept(self.va)
+        } else {
+            self.egpu.free_va(self.va)
+        }
     }
 }
 
@@ -360,7 +470,7 @@ unsafe impl DeviceMemory for EgpuAllocation {
 
 impl Drop for EgpuAllocation {
     fn drop(&mut self) {
-        if !self.freed {
+        if !self.freed && !self.kept {
             let _ = self.egpu.free_va(self.va);
         }
     }

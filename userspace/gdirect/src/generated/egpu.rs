@@ -6,10 +6,16 @@ pub const EGPU_IOC_MAGIC: u32 = 215;
 pub const EGPU_PAGE_SIZE: u32 = 65536;
 pub const EGPU_VA_BASE: u64 = 138538465099776;
 pub const EGPU_FREE_FROM_WORKER: u32 = 1;
+pub const EGPU_FREE_KEPT: u32 = 2;
+pub const EGPU_ALLOC_KEPT: u32 = 1;
+pub const EGPU_POISON: u32 = 233;
+pub const EGPU_FREED_POISON: u32 = 107;
+pub const EGPU_PAGEDIR_MAGIC: u64 = 3553983613786670917;
+pub const EGPU_PAGEDIR_HEADER: u32 = 16;
 pub const EGPU_FREE_MAX_DELAY_US: u32 = 1000000;
 pub const EGPU_IOC_ALLOC: u32 = 3223377664;
 pub const EGPU_IOC_FREE: u32 = 3222853377;
-pub const EGPU_IOC_INFO: u32 = 2151208706;
+pub const EGPU_IOC_INFO: u32 = 2152781570;
 pub type __u32 = ::std::os::raw::c_uint;
 pub type __u64 = ::std::os::raw::c_ulonglong;
 #[repr(C)]
@@ -69,10 +75,14 @@ pub struct egpu_info_args {
     pub callbacks: __u64,
     pub puts_unlinked: __u64,
     pub puts_foreign: __u64,
+    pub kept: __u32,
+    pub pad: __u32,
+    pub bar1_size: __u64,
+    pub bar1_used: __u64,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of egpu_info_args"][::std::mem::size_of::<egpu_info_args>() - 56usize];
+    ["Size of egpu_info_args"][::std::mem::size_of::<egpu_info_args>() - 80usize];
     ["Alignment of egpu_info_args"][::std::mem::align_of::<egpu_info_args>() - 8usize];
     ["Offset of field: egpu_info_args::bar_bus_addr"]
         [::std::mem::offset_of!(egpu_info_args, bar_bus_addr) - 0usize];
@@ -90,4 +100,11 @@ const _: () = {
         [::std::mem::offset_of!(egpu_info_args, puts_unlinked) - 40usize];
     ["Offset of field: egpu_info_args::puts_foreign"]
         [::std::mem::offset_of!(egpu_info_args, puts_foreign) - 48usize];
+    ["Offset of field: egpu_info_args::kept"]
+        [::std::mem::offset_of!(egpu_info_args, kept) - 56usize];
+    ["Offset of field: egpu_info_args::pad"][::std::mem::offset_of!(egpu_info_args, pad) - 60usize];
+    ["Offset of field: egpu_info_args::bar1_size"]
+        [::std::mem::offset_of!(egpu_info_args, bar1_size) - 64usize];
+    ["Offset of field: egpu_info_args::bar1_used"]
+        [::std::mem::offset_of!(egpu_info_args, bar1_used) - 72usize];
 };
