@@ -23,6 +23,9 @@
 //!   stress THREADS CYCLES PEER     register/query/unregister loops on host and egpu memory
 //!   egpu-info                      the emulated GPU's allocations, mappings and callbacks
 //!   egpu-free-kept VA              free a kept allocation (GDIRECT_EGPU_KEEP=1 gdirect read)
+//!   pidns-put                      a registration whose last descriptor is closed by a process
+//!                                  with the pinner's pid number (both pid 1, in two pid
+//!                                  namespaces): the emulated GPU's foreign puts, tables, callbacks
 //!   revoke-race ROUNDS PEER        free GPU memory while another thread queries and unregisters it
 //!   put-race ROUNDS PEER DEV       each interleaving of the registration's end (put_pages) with
 //!                                  the free callback, forced with the emulated GPU's delay knob
@@ -105,6 +108,9 @@ fn main() -> ExitCode {
         },
         (Some("limits"), _) => limits(),
         (Some("egpu-info"), _) => egpu_info(),
+        (Some("pidns-put"), _) => pidns_put(),
+        (Some("pidns-pinner"), _) => pidns_pinner(),
+        (Some("pidns-stranger"), _) => pidns_stranger(),
         (Some("egpu-free-kept"), _) => match arg(1).and_then(parse_va) {
             Some(va) => egpu_free_kept(va),
             _ => return usage(),
@@ -1338,3 +1344,162 @@ fn stress(threads: u64, cycles: u64, peer: PciAddress) -> gdirect::Result<()> {
     Ok(())
 }
 
+/// Starts this program again as `gdirect-reg ROLE` in a new pid namespace, where it is pid 1,
+/// with `sock` as its standard input.
+fn spawn_in_new_pidns(
+    role: &str,
+    sock: std::os::unix::net::UnixStream,
+) -> gdirect::Result<nix::unistd::Pid> {
+    use std::{ffi::CString, os::fd::AsRawFd};
+    let fail = |what: &'static str| Error::Worker { what };
+    let exe = std::env::current_exe().map_err(|_| fail("no executable path"))?;
+    let exe =
+        CString::new(exe.as_os_str().as_encoded_bytes()).map_err(|_| fail("executable path"))?;
+    let argv = [
+        CString::new("gdirect-reg").map_err(|_| fail("argv"))?,
+        CString::new(role).map_err(|_| fail("argv"))?,
+    ];
+    let fd = sock.as_raw_fd();
+    let mut stack = vec![0u8; 256 * 1024];
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    // SAFETY: the child is a copy of this process's memory (no CLONE_VM) and of its one thread
+    // (callers start no thread before this), so it may allocate, as nix's `execv` does; it only
+    // moves the socket to fd 0 and executes this program, with values prepared before.
+    let pid = unsafe {
+        nix::sched::clone(
+            Box::new(|| {
+                // dup2 onto itself would keep close-on-exec: move it only when elsewhere.
+                if fd != 0 && nix::libc::dup2(fd, 0) < 0 {
+                    return 127;
+                }
+                if fd == 0 && nix::libc::fcntl(0, nix::libc::F_SETFD, 0) < 0 {
+                    return 127;
+                }
+                let _ = nix::unistd::execv(&exe, &argv);
+                127
+            }),
+            &mut stack,
+            nix::sched::CloneFlags::CLONE_NEWPID,
+            Some(nix::libc::SIGCHLD),
+        )
+    }
+    .map_err(|_| fail("clone(CLONE_NEWPID)"))?;
+    drop(sock);
+    Ok(pid)
+}
+
+/// A registration whose last reference goes in a stranger with the pinner's pid number: the
+/// pinner and the stranger are both pid 1, each of its own pid namespace. The pinner registers
+/// GPU memory, passes its `/dev/gdirect` descriptor to the stranger (SCM_RIGHTS) and closes its
+/// own; the stranger closes the last. nvidia.ko would answer a put_pages from the stranger
+/// with 0 and put nothing (`RmP2PGetInfoWithoutToken`: the calling process's records), while
+/// the callback's data were gone: gdirect must orphan the pages instead. The emulated GPU's
+/// records tell: its foreign puts, the page table it still holds, the callback at the free.
+fn pidns_put() -> gdirect::Result<()> {
+    let gpu = Egpu::open()?;
+    let before = gpu.info()?;
+    let (p, s) =
+        std::os::unix::net::UnixStream::pair().map_err(|_| Error::Worker { what: "socketpair" })?;
+    let stranger = spawn_in_new_pidns("pidns-stranger", s)?;
+    let pinner = spawn_in_new_pidns("pidns-pinner", p).inspect_err(|_| {
+        // The stranger sees its socket's other end gone (EOF) and ends.
+        let _ = nix::sys::wait::waitpid(stranger, None);
+    })?;
+    let mut ok = true;
+    for child in [pinner, stranger] {
+        let status = nix::sys::wait::waitpid(child, None);
+        ok &= matches!(status, Ok(nix::sys::wait::WaitStatus::Exited(_, 0)));
+    }
+    let after = gpu.info()?;
+    println!(
+        "children_ok={ok} puts_foreign_delta={} callbacks_delta={} mappings_end={}",
+        after.puts_foreign - before.puts_foreign,
+        after.callbacks - before.callbacks,
+        after.mappings
+    );
+    Ok(())
+}
+
+/// The pinner of `pidns-put` (pid 1 of its namespace; the socket on standard input).
+fn pidns_pinner() -> gdirect::Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let fail = |what: &'static str| Error::Worker { what };
+    // SAFETY: fd 0 is the socket `spawn_in_new_pidns` put there, owned by this process.
+    let mut sock = unsafe { std::os::unix::net::UnixStream::from_raw_fd(0) };
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let alloc = gpu.alloc(1 << 20)?;
+    let reg = driver.register(&alloc)?;
+    println!(
+        "pinner_pid={} registered_mappings={}",
+        nix::unistd::getpid(),
+        gpu.info()?.mappings
+    );
+    let fds = [driver.as_raw_fd()];
+    nix::sys::socket::sendmsg::<()>(
+        sock.as_raw_fd(),
+        &[std::io::IoSlice::new(b"f")],
+        &[nix::sys::socket::ControlMessage::ScmRights(&fds)],
+        nix::sys::socket::MsgFlags::empty(),
+        None,
+    )
+    .map_err(|_| fail("sendmsg"))?;
+    // This process's descriptor goes without ending the registration: the stranger's is the last.
+    std::mem::forget(reg);
+    drop(driver);
+    use std::io::{Read, Write};
+    sock.write_all(b"c").map_err(|_| fail("socket write"))?;
+    let mut b = [0u8; 1];
+    sock.read_exact(&mut b).map_err(|_| fail("socket read"))?;
+    let info = gpu.info()?;
+    println!(
+        "after_stranger_close mappings={} puts_foreign={}",
+        info.mappings, info.puts_foreign
+    );
+    // cudaFree: the orphaned pages' callback runs now, in the pinner.
+    let report = alloc.free()?;
+    println!(
+        "free callbacks={} mappings_after_free={}",
+        report.callbacks,
+        gpu.info()?.mappings
+    );
+    Ok(())
+}
+
+/// The stranger of `pidns-put` (pid 1 of another namespace): receives the descriptor, then
+/// closes it, the last reference, once the pinner has closed its own.
+fn pidns_stranger() -> gdirect::Result<()> {
+    use std::io::{Read, Write};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let fail = |what: &'static str| Error::Worker { what };
+    // SAFETY: as in `pidns_pinner`.
+    let mut sock = unsafe { std::os::unix::net::UnixStream::from_raw_fd(0) };
+    println!("stranger_pid={}", nix::unistd::getpid());
+    let mut byte = [0u8; 1];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let msg = nix::sys::socket::recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        nix::sys::socket::MsgFlags::empty(),
+    )
+    .map_err(|_| fail("recvmsg"))?;
+    let mut fds = Vec::new();
+    for c in msg.cmsgs().map_err(|_| fail("cmsgs"))? {
+        if let nix::sys::socket::ControlMessageOwned::ScmRights(v) = c {
+            fds.extend(v);
+        }
+    }
+    let [fd] = fds[..] else {
+        return Err(fail("expected one descriptor"));
+    };
+    // SAFETY: just received, owned by this process from now on.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    sock.read_exact(&mut byte)
+        .map_err(|_| fail("socket read"))?;
+    drop(fd);
+    println!("stranger_closed=1");
+    sock.write_all(b"d").map_err(|_| fail("socket write"))?;
+    Ok(())
+}
