@@ -571,8 +571,19 @@ fn batch(dev: &str) -> gdirect::Result<()> {
     const LEN: u64 = 64 << 10;
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
-    let alloc = gpu.alloc(ENTRIES * LEN)?;
-    let reg = driver.register(&alloc)?;
+    let mut alloc = gpu.alloc(ENTRIES * LEN)?;
+    // A new allocation holds the emulated GPU's poison: a slot no read filled cannot match.
+    // By range, so that the CPU can poison it again while it is registered.
+    // SAFETY: `alloc` is emulated GPU memory that outlives `reg`; the CPU writes it only while
+    // no transfer is queued (between the two batches).
+    let reg = unsafe {
+        driver.register_range(
+            gdirect::Provider::Nvidia,
+            alloc.va(),
+            ENTRIES * LEN,
+            gdirect::RegisterOptions::new(),
+        )
+    }?;
     let file = File::open_direct(dev)?;
     // SAFETY: eventfd(2) with valid flags; the new fd is owned by the `OwnedFd`.
     let efd = unsafe {
@@ -641,8 +652,11 @@ fn batch(dev: &str) -> gdirect::Result<()> {
         }
     }
     println!("mismatched_entries={bad}");
-    // A batch with REAP_WAIT instead of the eventfd.
+    // A batch with REAP_WAIT instead of the eventfd, into slots poisoned again first (they hold
+    // the first batch's bytes, which differ: slot i read the device at 2*i*64 KiB, this one at
+    // i*64 KiB).
     driver.set_eventfd(None)?;
+    alloc.write(0, &pattern(0x5eed_0b0b, 8 * LEN as usize))?;
     let mut small = Batch::new();
     for i in 0..8 {
         small.read(&file, &reg, i * LEN, i * LEN, LEN, i);
@@ -652,7 +666,14 @@ fn batch(dev: &str) -> gdirect::Result<()> {
     while waited < n {
         waited += driver.reap(8, true)?.len();
     }
-    println!("reap_wait_completed={waited}");
+    let mut small_bad = 0;
+    for i in 0..8 {
+        alloc.read(i * LEN, &mut got)?;
+        if got != buffered(dev, i * LEN, LEN as usize)? {
+            small_bad += 1;
+        }
+    }
+    println!("reap_wait_completed={waited} reap_wait_mismatched={small_bad}");
     Ok(())
 }
 
