@@ -56,7 +56,7 @@
 //! | free_page_table and free_dma_mapping do nothing | `nvidia_p2p_free_page_table`, `nvidia_p2p_free_dma_mapping` |
 //! | persistent mappings keep freed memory until put | `rm_p2p_put_pages_persistent` |
 //! | an allocation's 64 KiB pages are wherever the memory manager put them, not one run of the BAR; each page-table entry is its own page's address | `nv_p2p_get_pages`: one `physical_address` per entry from RM's page list |
-//! | a page table maps its range into BAR1, which is finite: a full aperture fails get_pages with `-ENOMEM` (`bar1_mib=`) | `rm_p2p_get_pages` -> NV_ERR_NO_MEMORY -> `nvidia_p2p_map_status` |
+//! | a page table maps its range into BAR1, which is finite (`bar1_mib=`), sharing what earlier tables of the same memory mapped: a full aperture fails get_pages with `-ENOMEM` | `RmThirdPartyP2PBAR1GetPages` (`gpu/bus/p2p.c`) -> NV_ERR_INSUFFICIENT_RESOURCES -> `nvidia_p2p_map_status` |
 //!
 //! Harsher than the hardware, where the real driver would touch freed memory: using a page
 //! table after it was freed (dma_map/dma_unmap/put_pages_persistent of an unknown table) is a
@@ -326,6 +326,8 @@ struct Mapping {
     callback: Option<FreeCallback>,
     data: *mut c_void,
     dmas: KVec<KBox<DmaBox>>,
+    /// Its first page in the allocation (its pages: `table.phys.len()` from there).
+    first_page: usize,
 }
 // SAFETY: `data` is the caller's opaque pointer, only passed back to its callback.
 unsafe impl Send for Mapping {}
@@ -337,6 +339,9 @@ struct Alloc {
     va_page: usize,
     /// The BAR page backing each of its virtual pages, in order.
     pages: KVec<u32>,
+    /// For each of its pages, the page tables whose BAR1 mapping covers it: BAR1 space is
+    /// taken by the first and given back by the last.
+    bar1_refs: KVec<u32>,
     len: u64,
     /// The file that made it, or [`KEPT`].
     owner: u64,
@@ -385,8 +390,8 @@ struct Inner {
     allocs: KVec<Alloc>,
     /// Page tables held by clients: handed out and neither put nor being revoked by a free.
     mappings: u32,
-    /// BAR1 pages that the handed-out page tables map: each table its own
-    /// (`nvidia_p2p_get_pages` maps the range into BAR1 for that table).
+    /// Bytes of BAR1 that the handed-out page tables map: a page once, however many tables
+    /// cover it (`Alloc::bar1_refs`).
     bar1_used: u64,
     /// The placement generator's state (xorshift64, from `scatter_seed`).
     rng: u64,
@@ -492,7 +497,13 @@ impl Egpu {
         // SAFETY: `page` indexes `Inner::used`, whose pages all lie inside BAR2; the callers
         // own the page (reserved for an allocation not yet handed out, or being freed under
         // the lock).
-        unsafe { bindings::memset_io(self.bar_at(page * PAGE as usize), byte.into(), PAGE as usize) };
+        unsafe {
+            bindings::memset_io(
+                self.bar_at(page * PAGE as usize),
+                byte.into(),
+                PAGE as usize,
+            )
+        };
     }
 
     /// Whether BAR page `page`, poisoned by a free, still holds the pattern: the 8 bytes at
@@ -566,6 +577,7 @@ impl Egpu {
         // Every allocation that can fail, first: once pages are taken nothing may fail.
         inner.allocs.reserve(1, GFP_KERNEL)?;
         let mut pages = KVec::with_capacity(n, GFP_KERNEL)?;
+        let bar1_refs = KVec::from_elem(0u32, n, GFP_KERNEL)?;
         let mut prev = None;
         for _ in 0..n {
             // Cannot fail: `n` pages were free and the lock is held.
@@ -588,6 +600,7 @@ impl Egpu {
         let alloc = Alloc {
             va_page,
             pages,
+            bar1_refs,
             len,
             owner,
             tgid: current_tgid(),
@@ -595,7 +608,10 @@ impl Egpu {
             mappings: KVec::new(),
         };
         // Cannot fail: reserved above.
-        inner.allocs.push_within_capacity(alloc).map_err(|_| ENOMEM)?;
+        inner
+            .allocs
+            .push_within_capacity(alloc)
+            .map_err(|_| ENOMEM)?;
         Ok((VA_BASE + va_page as u64 * PAGE, first))
     }
 
@@ -698,7 +714,7 @@ impl Egpu {
         let Ok(m) = inner.allocs[i].mappings.remove(j) else {
             return;
         };
-        inner.bar1_used -= m.table.phys.len() as u64 * PAGE;
+        release_bar1_locked(&mut inner, i, &m);
         reap_locked(self, &mut inner);
         drop(inner);
         free_mapping(m);
@@ -748,6 +764,21 @@ fn reap_locked(egpu: &Egpu, inner: &mut Inner) {
             i += 1;
         }
     }
+}
+
+/// Gives back the BAR1 space of a page table taken off allocation `i`: its pages that no other
+/// table of the allocation covers (`RmThirdPartyP2PMappingFree`: an extent is unmapped when its
+/// last user goes).
+fn release_bar1_locked(inner: &mut Inner, i: usize, m: &Mapping) {
+    let a = &mut inner.allocs[i];
+    let mut freed = 0;
+    for r in &mut a.bar1_refs[m.first_page..m.first_page + m.table.phys.len()] {
+        *r -= 1;
+        if *r == 0 {
+            freed += 1;
+        }
+    }
+    inner.bar1_used -= freed * PAGE;
 }
 
 /// The first run of `n` free entries of `used`.
@@ -1085,7 +1116,11 @@ impl MiscDevice for EgpuFile {
                 if a.flags & !ALLOC_KEPT != 0 || a.pad != 0 {
                     return Err(EINVAL);
                 }
-                let owner = if a.flags & ALLOC_KEPT != 0 { KEPT } else { me.id };
+                let owner = if a.flags & ALLOC_KEPT != 0 {
+                    KEPT
+                } else {
+                    me.id
+                };
                 (a.va, a.bar_offset) = egpu.alloc(a.len, owner)?;
                 w.write(&a)?;
             }
@@ -1095,7 +1130,11 @@ impl MiscDevice for EgpuFile {
                 if f.flags & !(FREE_FROM_WORKER | FREE_KEPT) != 0 || f.delay_us > MAX_DELAY_US {
                     return Err(EINVAL);
                 }
-                let owner = if f.flags & FREE_KEPT != 0 { KEPT } else { me.id };
+                let owner = if f.flags & FREE_KEPT != 0 {
+                    KEPT
+                } else {
+                    me.id
+                };
                 (f.callbacks, f.deferred) = if f.flags & FREE_FROM_WORKER != 0 {
                     free_from_worker(egpu, owner, f.va, f.delay_us)?
                 } else {
@@ -1174,20 +1213,28 @@ fn get_pages(
         return Err(EINVAL);
     }
     let n = (len / PAGE) as usize;
-    // BAR1 is finite: the range is mapped into it for this table (`nv_p2p_get_pages` ->
-    // `rm_p2p_get_pages`: the BAR1 mapping of the memory), and a full aperture fails the call
-    // with NV_ERR_NO_MEMORY, which nv-p2p returns as `-ENOMEM` (`nvidia_p2p_map_status`).
-    let bar1_limit = u64::from(*module_parameters::bar1_mib.value()) << 20;
-    let bar1_used = inner.bar1_used + len;
-    if bar1_limit != 0 && bar1_used > bar1_limit {
-        return Err(ENOMEM);
-    }
+    let bar1_before = inner.bar1_used;
     let a = inner
         .allocs
         .iter_mut()
         .find(|a| !a.freed && a.tgid == tgid && a.contains(va, len))
         .ok_or(EINVAL)?;
     let first = ((va - a.va()) / PAGE) as usize;
+    // BAR1 is finite. The range is mapped into it, except where an earlier page table of the
+    // same memory already mapped it (`RmThirdPartyP2PBAR1GetPages`, `gpu/bus/p2p.c`: the
+    // memory's mapping extents are reused, refcounted); a mapping that does not fit fails with
+    // NV_ERR_INSUFFICIENT_RESOURCES, which nv-p2p returns as `-ENOMEM`
+    // (`nvidia_p2p_map_status`). The real check also keeps a 36 MiB reserve
+    // (`CLI_THIRD_PARTY_P2P_BAR1_RESERVE`): `bar1_mib` is the space left above it.
+    let bar1_new = a.bar1_refs[first..first + n]
+        .iter()
+        .filter(|r| **r == 0)
+        .count() as u64
+        * PAGE;
+    let bar1_limit = u64::from(*module_parameters::bar1_mib.value()) << 20;
+    if bar1_limit != 0 && bar1_before + bar1_new > bar1_limit {
+        return Err(ENOMEM);
+    }
     let mut pages = KVec::with_capacity(n, GFP_KERNEL)?;
     let mut phys = KVec::with_capacity(n, GFP_KERNEL)?;
     for i in 0..n {
@@ -1260,10 +1307,14 @@ fn get_pages(
         callback,
         data,
         dmas: KVec::new(),
+        first_page: first,
     };
     a.mappings.push(mapping, GFP_KERNEL)?;
+    for r in &mut a.bar1_refs[first..first + n] {
+        *r += 1;
+    }
     inner.mappings += 1;
-    inner.bar1_used = bar1_used;
+    inner.bar1_used += bar1_new;
     // SAFETY: the caller passes a valid location for the page table pointer (checked non-null).
     unsafe { *out = raw };
     Ok(())
@@ -1302,7 +1353,7 @@ fn put_pages(table: PageTablePtr, persistent: bool) -> Result {
     }
     let m = inner.allocs[i].mappings.remove(j).map_err(|_| EINVAL)?;
     inner.mappings -= 1;
-    inner.bar1_used -= m.table.phys.len() as u64 * PAGE;
+    release_bar1_locked(&mut inner, i, &m);
     reap_locked(&egpu, &mut inner);
     drop(inner);
     free_mapping(m);

@@ -8,8 +8,9 @@
 # REGISTER of 64 KiB more is refused with ENOMEM (the uapi header's errno), the refused
 # REGISTER leaves nothing pinned (the kernel's count) and no page table with the GPU (its own
 # count), and once the holder is gone the aperture is free again: a registration of exactly
-# 4 MiB works, and a read through it lands (host-compared). BAR1 space comes back when the
-# page table is put, never sooner.
+# 4 MiB works, two registrations of the same 4 MiB share their BAR1 mapping (as nvidia.ko
+# reuses a memory's mapping extents), and a read through it lands (host-compared). BAR1 space
+# comes back when the last page table covering it is put, never sooner.
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 
@@ -31,7 +32,7 @@ dev0=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GD
 M=1048576
 
 ktap_print_header
-ktap_set_plan 9
+ktap_set_plan 11
 
 _test "the emulated GPU loads with a 4 MiB BAR1" _egpu_insmod bar1_mib=4
 _test "it reports a 4 MiB BAR1, none of it used" \
@@ -61,6 +62,15 @@ _test "its BAR1 space is back" _expect_eq bar1_used 0 "$(_kv "$(_egpu_state)" ba
 
 exact=$(gdirect-reg pin egpu $((4 * M)))
 _test "a registration of exactly 4 MiB fits" _expect_eq register OK "$(_kv "$exact" register)"
+# nvidia.ko maps a range into BAR1 once, shared by every page table of that memory.
+share=$(gdirect-reg bar1-share $((4 * M)))
+ktap_print_msg "$(echo "$share" | tr '\n' ' ')"
+_test "two registrations of the same 4 MiB share its BAR1 mapping: both fit" \
+	_expect_eq "first second bar1_used mappings" "OK OK $((4 * M)) 2" \
+	"$(_kv "$share" first) $(_kv "$share" second) $(_kv "$share" bar1_used) $(_kv "$share" mappings)"
+_test "the space stays mapped until the last of them is put" \
+	_expect_eq "after one put, after both" "$((4 * M)) 0" \
+	"$(echo "$share" | sed -n 's/^after_one_put bar1_used=//p') $(echo "$share" | sed -n 's/^after_both bar1_used=//p')"
 read_exact() {
 	_gd_read "$dev0" --mem egpu --offset $((60 * M)) --len 4M &&
 		_expect_eq "bytes path" "$((4 * M)) p2p" "$(_rj .bytes) $(_rj .path)" &&

@@ -23,6 +23,8 @@
 //!   stress THREADS CYCLES PEER     register/query/unregister loops on host and egpu memory
 //!   egpu-info                      the emulated GPU's allocations, mappings and callbacks
 //!   egpu-free-kept VA              free a kept allocation (GDIRECT_EGPU_KEEP=1 gdirect read)
+//!   bar1-share SIZE                two registrations of one allocation of SIZE bytes: both
+//!                                  outcomes and the emulated GPU's BAR1 use with both held
 //!   pidns-put                      a registration whose last descriptor is closed by a process
 //!                                  with the pinner's pid number (both pid 1, in two pid
 //!                                  namespaces): the emulated GPU's foreign puts, tables, callbacks
@@ -109,6 +111,10 @@ fn main() -> ExitCode {
         (Some("limits"), _) => limits(),
         (Some("egpu-info"), _) => egpu_info(),
         (Some("pidns-put"), _) => pidns_put(),
+        (Some("bar1-share"), _) => match num(1) {
+            Some(size) => bar1_share(size),
+            _ => return usage(),
+        },
         (Some("pidns-pinner"), _) => pidns_pinner(),
         (Some("pidns-stranger"), _) => pidns_stranger(),
         (Some("egpu-free-kept"), _) => match arg(1).and_then(parse_va) {
@@ -1501,5 +1507,32 @@ fn pidns_stranger() -> gdirect::Result<()> {
     drop(fd);
     println!("stranger_closed=1");
     sock.write_all(b"d").map_err(|_| fail("socket write"))?;
+    Ok(())
+}
+
+/// Two registrations of the same GPU memory: nvidia.ko maps a range into BAR1 once and shares
+/// it between the page tables that cover it, so the second needs no BAR1 space of its own.
+fn bar1_share(size: u64) -> gdirect::Result<()> {
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let alloc = gpu.alloc(size)?;
+    let outcome = |r: &gdirect::Result<gdirect::Registration<'_>>| match r {
+        Ok(_) => "OK".to_string(),
+        Err(e) => e.errno().map_or("error".into(), |n| format!("{n:?}")),
+    };
+    let first = driver.register(&alloc);
+    let second = driver.register(&alloc);
+    let info = gpu.info()?;
+    println!(
+        "first={} second={} bar1_used={} mappings={}",
+        outcome(&first),
+        outcome(&second),
+        info.bar1_used,
+        info.mappings
+    );
+    drop(second);
+    println!("after_one_put bar1_used={}", gpu.info()?.bar1_used);
+    drop(first);
+    println!("after_both bar1_used={}", gpu.info()?.bar1_used);
     Ok(())
 }
