@@ -1217,6 +1217,9 @@ fn stress(
     Ok(())
 }
 
+/// What a stress read's destination holds before the read (64 pages, its longest).
+static POISON_PAGES: [u8; 64 * 4096] = [0xd3; 64 * 4096];
+
 fn stress_thread(
     ops: u64,
     seed: u64,
@@ -1288,6 +1291,8 @@ fn stress_thread(
                 // The read window: compare with the snapshot.
                 let span = read.end - read.start;
                 let off = rng.below((span - len) / 4096 + 1) * 4096;
+                // Poisoned first: what an earlier operation left there cannot pass.
+                alloc.write(buf_offset, &POISON_PAGES[..len as usize])?;
                 let t = file.read_into_with(r, buf_offset, read.start + off, len, opts)?;
                 alloc.read(buf_offset, &mut scratch[..len as usize])?;
                 let want = &snapshot[off as usize..(off + len) as usize];
@@ -1329,6 +1334,8 @@ fn stress_thread(
                 // My slice back: compare with the shadow.
                 let span = mine.end - mine.start;
                 let off = rng.below((span - len) / 4096 + 1) * 4096;
+                // Poisoned first: a write of these very bytes may have come from this slot.
+                alloc.write(buf_offset, &POISON_PAGES[..len as usize])?;
                 let t = file.read_into_with(r, buf_offset, mine.start + off, len, opts)?;
                 alloc.read(buf_offset, &mut scratch[..len as usize])?;
                 if t.bytes != len
@@ -1446,8 +1453,20 @@ fn faults(count: u64, seed: u64, dev: &str) -> gdirect::Result<()> {
     println!("seed={seed}");
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
-    let alloc = gpu.alloc(LEN)?;
-    let reg = driver.register(&alloc)?;
+    let mut alloc = gpu.alloc(LEN)?;
+    // By range, so that the CPU can poison the destination before every read.
+    // SAFETY: `alloc` is emulated GPU memory that outlives `reg`; the CPU writes it only where
+    // no transfer is queued (before each read or batch is submitted).
+    let reg = unsafe {
+        driver.register_range(
+            gdirect::Provider::Nvidia,
+            alloc.va(),
+            LEN,
+            gdirect::RegisterOptions::new(),
+        )
+    }?;
+    // What every destination holds before its read: no device byte run of 4 KiB equals it.
+    let poison = vec![0xd1u8; 1 << 20];
     let file = File::open_direct(dev)?;
     let size = size_of(dev)?.min(64 << 20);
     let reference = buffered(dev, 0, size as usize)?;
@@ -1464,8 +1483,12 @@ fn faults(count: u64, seed: u64, dev: &str) -> gdirect::Result<()> {
     let (mut ok, mut failed, mut partial, mut mismatches) = (0u64, 0u64, 0u64, 0u64);
     let mut errnos: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     let mut got = vec![0u8; LEN as usize];
-    let mut judge = |r: Result<u64, Errno>, buf: u64, off: u64, len: u64, got: &mut Vec<u8>| match r
-    {
+    let mut judge = |r: Result<u64, Errno>,
+                     alloc: &EgpuAllocation,
+                     buf: u64,
+                     off: u64,
+                     len: u64,
+                     got: &mut Vec<u8>| match r {
         Ok(n) if n == len => {
             let view = &mut got[..len as usize];
             let same = alloc.read(buf, view).is_ok()
@@ -1493,11 +1516,12 @@ fn faults(count: u64, seed: u64, dev: &str) -> gdirect::Result<()> {
             let len = (1 + rng.below(256)) * 4096;
             let off = rng.below((size - len) / 4096 + 1) * 4096;
             let buf = rng.below((LEN - len) / 4096 + 1) * 4096;
+            alloc.write(buf, &poison[..len as usize])?;
             let r = file
                 .read_into_with(&reg, buf, off, len, opts)
                 .map(|t| t.bytes)
                 .map_err(|e| e.errno().unwrap_or(Errno::EIO));
-            judge(r, buf, off, len, &mut got);
+            judge(r, &alloc, buf, off, len, &mut got);
             i += 1;
         } else {
             // A batch of up to 8 reads into disjoint 1 MiB slots.
@@ -1507,6 +1531,7 @@ fn faults(count: u64, seed: u64, dev: &str) -> gdirect::Result<()> {
             for k in 0..n {
                 let len = (1 + rng.below(256)) * 4096;
                 let off = rng.below((size - len) / 4096 + 1) * 4096;
+                alloc.write(k * (1 << 20), &poison[..len as usize])?;
                 b.push(0, &file, &reg, k * (1 << 20), off, len, k, opts);
                 want.push((k * (1 << 20), off, len));
             }
@@ -1518,7 +1543,8 @@ fn faults(count: u64, seed: u64, dev: &str) -> gdirect::Result<()> {
                         Err(e) => {
                             // The rest of the batch was refused: each one a failure.
                             for _ in submitted..b.len() {
-                                judge(Err(e.errno().unwrap_or(Errno::EIO)), 0, 0, 0, &mut got);
+                                let e = Err(e.errno().unwrap_or(Errno::EIO));
+                                judge(e, &alloc, 0, 0, 0, &mut got);
                             }
                             refused = true;
                         }
@@ -1528,7 +1554,7 @@ fn faults(count: u64, seed: u64, dev: &str) -> gdirect::Result<()> {
                     for c in driver.reap(8, true)? {
                         reaped += 1;
                         let (buf, off, len) = want[c.user_data as usize];
-                        judge(c.result.map(|t| t.bytes), buf, off, len, &mut got);
+                        judge(c.result.map(|t| t.bytes), &alloc, buf, off, len, &mut got);
                     }
                 }
             }
