@@ -467,17 +467,9 @@ fn random(count: u64, seed: u64, devs: &[String]) -> gdirect::Result<()> {
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
     let mut alloc = gpu.alloc(BUF)?;
-    // By range, so that the CPU can poison the allocation while it is registered.
-    // SAFETY: `alloc` is emulated GPU memory that outlives `reg`; the CPU writes it only
-    // between transfers, which are synchronous here.
-    let reg = unsafe {
-        driver.register_range(
-            gdirect::Provider::Nvidia,
-            alloc.va(),
-            BUF,
-            gdirect::RegisterOptions::new(),
-        )
-    }?;
+    // SAFETY: `alloc` outlives `reg`; the CPU writes it only between transfers, which are
+    // synchronous here.
+    let reg = unsafe { register_for_poisoning(&driver, &alloc) }?;
     let poison = pattern(seed ^ 0xa5a5, BUF as usize);
     let files: Vec<(File, u64, &String)> = devs
         .iter()
@@ -539,6 +531,29 @@ fn random(count: u64, seed: u64, devs: &[String]) -> gdirect::Result<()> {
     Ok(())
 }
 
+/// Registers all of `alloc` by its address range, so that the registration does not borrow it
+/// and the CPU can poison it again while it is registered.
+///
+/// # Safety
+///
+/// `alloc` outlives the registration, and the CPU writes it only while no transfer into it is
+/// queued.
+unsafe fn register_for_poisoning<'d>(
+    driver: &'d Driver,
+    alloc: &EgpuAllocation,
+) -> gdirect::Result<gdirect::Registration<'d>> {
+    // SAFETY: the caller's contract: the memory outlives the registration and is not written
+    // by the CPU under a transfer.
+    unsafe {
+        driver.register_range(
+            gdirect::Provider::Nvidia,
+            alloc.va(),
+            gdirect::DeviceMemory::len(alloc),
+            gdirect::RegisterOptions::new(),
+        )
+    }
+}
+
 /// Waits until the eventfd is readable; returns its counter.
 fn wait_eventfd(efd: &OwnedFd) -> gdirect::Result<u64> {
     let mut pfd = [nix::poll::PollFd::new(
@@ -573,17 +588,9 @@ fn batch(dev: &str) -> gdirect::Result<()> {
     let gpu = Egpu::open()?;
     let mut alloc = gpu.alloc(ENTRIES * LEN)?;
     // A new allocation holds the emulated GPU's poison: a slot no read filled cannot match.
-    // By range, so that the CPU can poison it again while it is registered.
-    // SAFETY: `alloc` is emulated GPU memory that outlives `reg`; the CPU writes it only while
-    // no transfer is queued (between the two batches).
-    let reg = unsafe {
-        driver.register_range(
-            gdirect::Provider::Nvidia,
-            alloc.va(),
-            ENTRIES * LEN,
-            gdirect::RegisterOptions::new(),
-        )
-    }?;
+    // SAFETY: `alloc` outlives `reg`; the CPU writes it only while no transfer is queued
+    // (between the two batches).
+    let reg = unsafe { register_for_poisoning(&driver, &alloc) }?;
     let file = File::open_direct(dev)?;
     // SAFETY: eventfd(2) with valid flags; the new fd is owned by the `OwnedFd`.
     let efd = unsafe {
@@ -1454,17 +1461,9 @@ fn faults(count: u64, seed: u64, dev: &str) -> gdirect::Result<()> {
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
     let mut alloc = gpu.alloc(LEN)?;
-    // By range, so that the CPU can poison the destination before every read.
-    // SAFETY: `alloc` is emulated GPU memory that outlives `reg`; the CPU writes it only where
-    // no transfer is queued (before each read or batch is submitted).
-    let reg = unsafe {
-        driver.register_range(
-            gdirect::Provider::Nvidia,
-            alloc.va(),
-            LEN,
-            gdirect::RegisterOptions::new(),
-        )
-    }?;
+    // SAFETY: `alloc` outlives `reg`; the CPU writes it only where no transfer is queued
+    // (before each read or batch is submitted).
+    let reg = unsafe { register_for_poisoning(&driver, &alloc) }?;
     // What every destination holds before its read: no device byte run of 4 KiB equals it.
     let poison = vec![0xd1u8; 1 << 20];
     let file = File::open_direct(dev)?;
