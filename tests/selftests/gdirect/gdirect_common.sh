@@ -333,10 +333,15 @@ _stat() {
 
 # Reads with `gdirect read ... --json` and keeps the report in $READ_JSON.
 # Usage: _gd_read FILE [options...]
-_gd_read() {
-	# The last _gd_read's kept GPU memory (see GDIRECT_EGPU_KEEP) is no longer needed.
+# The last read's kept GPU memory (see GDIRECT_EGPU_KEEP) is no longer needed: it is freed
+# before the next read (_gd_read, _bg_read_start), which would otherwise find BAR space
+# short after a few large reads.
+_gd_free_kept() {
 	[ -n "${_GD_KEPT_VA:-}" ] && gdirect-reg egpu-free-kept "$_GD_KEPT_VA" >/dev/null 2>&1
 	_GD_KEPT_VA=
+}
+_gd_read() {
+	_gd_free_kept
 	READ_JSON=$(gdirect read "$@" --json)
 	_READ_RC=$?
 	[ "$(_rj .memory.kind)" = egpu ] && _GD_KEPT_VA=$(_rj .memory.address)

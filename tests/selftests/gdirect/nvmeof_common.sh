@@ -341,6 +341,7 @@ _nvmeof_gpu_read_test() {
 # Runs `gdirect read ARGS... --json` in the background; _bg_read_wait waits for
 # it (at most $1 seconds) and sets BG_RC, BG_JSON and BG_SECONDS.
 _bg_read_start() {
+	_gd_free_kept
 	_BG_START=$(date +%s)
 	gdirect read "$@" --json >/tmp/bg-read.json 2>/tmp/bg-read.err &
 	_BG_PID=$!
@@ -356,6 +357,8 @@ _bg_read_wait() {
 	BG_RC=$?
 	BG_SECONDS=$(($(date +%s) - _BG_START))
 	BG_JSON=$(cat /tmp/bg-read.json)
+	[ "$(echo "$BG_JSON" | jq -r .memory.kind 2>/dev/null)" = egpu ] &&
+		_GD_KEPT_VA=$(echo "$BG_JSON" | jq -r .memory.address)
 	ktap_print_msg "read ended after ${BG_SECONDS}s, exit $BG_RC: $(echo "$BG_JSON" | jq -c '{bytes,path,error:.error.errno}' 2>/dev/null) $(head -c 200 /tmp/bg-read.err)"
 }
 
