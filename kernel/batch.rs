@@ -7,8 +7,10 @@
 //!
 //! Each open file has one [`Batches`], shared with its transfers in flight, so that a transfer
 //! can complete after the file is closed (its completion is then simply dropped). Transfers run
-//! synchronously, each on a worker of the module's own per-CPU workqueue ([`IoQueue`]), which
-//! the module destroys at unload: that drains every transfer before the module's code goes.
+//! synchronously, each on a worker of the module's own per-CPU workqueue ([`IoQueue`]). Each
+//! holds a module reference until it is done ([`ModuleRef`]), so the module cannot be unloaded
+//! with transfers queued; the exit destroys the workqueue, which waits for the last work item
+//! to return after it put its reference.
 //!
 //! Notification: an eventfd the caller registers is signalled once per completion; see the
 //! uapi header for why an eventfd rather than `poll()`.
@@ -30,6 +32,7 @@ use kernel::{
 
 use crate::{
     io::Transfer,
+    modref::ModuleRef,
     uapi::Cqe, //
 };
 
@@ -88,8 +91,9 @@ impl IoQueue {
 impl Drop for IoQueue {
     fn drop(&mut self) {
         if let Some(wq) = QUEUE.lock().take() {
-            // SAFETY: the workqueue made in `new`; no file is open (each holds a module
-            // reference), so nothing queues work any more. This waits for the queued transfers.
+            // SAFETY: the workqueue made in `new`; no file is open and no transfer is queued
+            // (each holds a module reference), so nothing queues work any more. This waits for
+            // the last transfers' work items, which put their references, to return.
             unsafe { bindings::destroy_workqueue(wq.0.as_ptr()) };
         }
     }
@@ -186,13 +190,22 @@ impl Batches {
             inner.in_flight += 1;
         }
         let me = self.clone();
+        // The transfer may outlive its file: it holds the module itself, so that `rmmod` is
+        // refused until it is done (a registration it ends may be orphaned, and take a
+        // reference of its own, only while the module is live).
+        // SAFETY: called from `SUBMIT`, an operation of an open file, which holds a reference.
+        let module_ref = unsafe { ModuleRef::get() };
         if let Err(e) = spawn(move || {
+            // Put last, once nothing else of the transfer is left; the module's exit destroys
+            // the workqueue, which waits for this work item to return.
+            let _module_ref = module_ref;
             let (path, result) = transfer.run();
             // What the transfer holds (its registration, file, submitter) goes before its
             // completion can be reaped: a caller that reaps, unregisters and registers again,
             // or unmounts, finds nothing of it still held.
             drop(transfer);
             me.complete(user_data, path, result);
+            drop(me);
         }) {
             self.inner.lock().in_flight -= 1;
             return Err(e);

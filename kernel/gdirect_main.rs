@@ -21,10 +21,11 @@ mod file;
 mod io;
 mod memlock;
 mod misc;
+mod modref;
 mod multipath;
 #[allow(
     dead_code,
-    reason = "the nv-p2p definitions are shared with the rig's emulated GPU"
+    reason = "the nv-p2p header is mirrored whole; the module reads only some of its definitions"
 )]
 mod nv_p2p;
 mod path;

@@ -68,7 +68,9 @@ use super::{
     Pinned, //
 };
 use crate::{
-    error, nv_p2p,
+    error,
+    modref::ModuleRef,
+    nv_p2p,
     region::{
         Callback,
         NvidiaRevoke,
@@ -277,9 +279,9 @@ unsafe extern "C" fn free_callback(data: *mut c_void) {
         // The registration is gone: its reference and the module reference it took are ours.
         // SAFETY: an orphaned registration left its callback's reference to this callback.
         drop(unsafe { Arc::from_raw(data.cast::<RegShared>()) });
-        // SAFETY: the reference taken when the registration was orphaned; `CALLBACKS_RUNNING`
-        // still keeps the module's exit waiting.
-        unsafe { bindings::module_put(crate::THIS_MODULE.as_ptr()) };
+        // SAFETY: the reference the registration leaked when it was orphaned, for this
+        // callback only; `CALLBACKS_RUNNING` still keeps the module's exit waiting.
+        drop(unsafe { ModuleRef::adopt() });
     }
     // The last access to the module's data: from here only the return remains.
     CALLBACKS_RUNNING.fetch_sub(1, Release);
@@ -481,14 +483,14 @@ impl NvidiaPages {
     /// callback started first (then it owns the pages until it is done).
     fn orphan(&self, from: &[Callback]) -> bool {
         // Taken first: the callback may run and put it as soon as the state is `Orphaned`.
-        // SAFETY: the module is live (this is its code, run by one of its operations).
-        unsafe { bindings::__module_get(crate::THIS_MODULE.as_ptr()) };
+        // SAFETY: the registration ends in an operation of an open file or in a batched
+        // transfer, each of which holds a module reference (see `modref`).
+        let module_ref = unsafe { ModuleRef::get() };
         if from.contains(&self.shared.callback_transition(from, Callback::Orphaned)) {
+            module_ref.leak();
             stats::ORPHANED.fetch_add(1, Relaxed);
             return true;
         }
-        // SAFETY: the reference taken just above.
-        unsafe { bindings::module_put(crate::THIS_MODULE.as_ptr()) };
         false
     }
 }

@@ -38,8 +38,14 @@
  * REGISTER counts against the caller's RLIMIT_MEMLOCK (see ENOMEM below).
  *
  * open(2) of the device fails with ENODEV while the module is being unloaded.
- * Every open file holds a reference on the module: rmmod fails with EBUSY
- * (EAGAIN from delete_module(2)) until the last one is closed.
+ * Every open file holds a reference on the module, and so does every batched
+ * transfer until it completes (a file may be closed with transfers queued),
+ * and so does every GPU registration ended where the process that pinned it
+ * cannot hand the pages back (by another process, or by a batched transfer's
+ * worker): its pages are left to the GPU driver until the memory is freed and
+ * the driver's free callback has run. Until the last of them is gone,
+ * delete_module(2) fails with EWOULDBLOCK (EAGAIN: rmmod prints "Resource
+ * temporarily unavailable").
  */
 #ifndef _UAPI_LINUX_GDIRECT_H
 #define _UAPI_LINUX_GDIRECT_H

@@ -16,6 +16,9 @@
 //!                                 the read was still running when the free returned
 //!   inflight DEV COUNT            COUNT batched 1 MiB reads into GPU memory, all reaped: how many
 //!                                 completed and with which errno, and how long it took
+//!   queue-exit DEV COUNT          COUNT batched 1 MiB reads of DEV into kept GPU memory, then
+//!                                 exit at once with them queued (never reaped): prints `va=`,
+//!                                 the memory to free later, and `submitted=`
 //!   faults COUNT SEED DEV         COUNT random reads of DEV into GPU memory (synchronous or in
 //!                                 batches, P2P or bounced) while faults may be injected: each
 //!                                 either delivers every byte right or fails with an errno,
@@ -111,6 +114,10 @@ fn main() -> ExitCode {
             _ => return usage(),
         },
         Some("faults") if args.len() == 4 => match (args[1].parse(), args[2].parse()) {
+        Some("queue-exit") if args.len() == 3 => match args[2].parse() {
+            Ok(count @ 1..=128) => queue_exit(&args[1], count),
+            _ => return usage(),
+        },
             (Ok(count), Ok(seed)) => faults(count, seed, &args[3]),
             _ => return usage(),
         },
@@ -873,6 +880,36 @@ fn inflight(dev: &str, count: u64) -> gdirect::Result<()> {
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
     let alloc = gpu.alloc(count * LEN)?;
+fn queue_exit(dev: &str, count: u64) -> gdirect::Result<()> {
+    const LEN: u64 = 1 << 20;
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    // Kept: the memory outlives this process, so that the registration the queued reads hold
+    // ends on the module's worker (left to the GPU driver) and its free comes later.
+    let alloc = gpu.alloc_kept(count * LEN)?;
+    let reg = driver.register(&alloc)?;
+    let file = File::open_direct(dev)?;
+    let mut b = Batch::new();
+    for i in 0..count {
+        b.read(&file, &reg, i * LEN, i * LEN, LEN, i);
+    }
+    let mut submitted = 0;
+    while submitted < b.len() {
+        match driver.submit(&b, submitted)? {
+            0 => break,
+            n => submitted += n,
+        }
+    }
+    println!("va={:#x}", alloc.va());
+    println!("submitted={submitted}");
+    use std::io::Write as _;
+    // A failed flush leaves the script without `va=`, which fails it.
+    let _ = std::io::stdout().flush();
+    // Out without closing anything by hand or reaping: the exit closes the device file with
+    // the reads still queued.
+    std::process::exit(0)
+}
+
     let reg = driver.register(&alloc)?;
     let file = File::open_direct(dev)?;
     let mut b = Batch::new();
