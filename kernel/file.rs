@@ -102,6 +102,8 @@ pub(crate) struct GdirectFile {
     #[pin]
     next_index: Mutex<u32>,
     cookie: u32,
+    /// The user that opened the file, whose per-user limit its registrations count against.
+    opener: users::Uid,
     counters: Arc<FileCounters>,
     batches: Arc<Batches>,
 }
@@ -171,6 +173,7 @@ impl MiscDevice for GdirectFile {
                 regs <- XArray::new(AllocKind::Alloc1),
                 next_index <- new_mutex!(1, "GdirectFile::next_index"),
                 cookie,
+                opener: users::opener(),
                 counters: FileCounters::new()?,
                 batches: Batches::new()?,
             }),
@@ -237,12 +240,7 @@ impl<'a> Reservation<'a> {
     /// Reserves `len` pinned bytes (`EDQUOT`) and one registration of this file (`EMFILE`).
     fn new(counters: &'a FileCounters, len: u64) -> Result<Self> {
         let (max_pinned, max_regs) = crate::limits();
-        let before = stats::PINNED_BYTES.fetch_add(len, Relaxed);
-        if before
-            .checked_add(len)
-            .is_none_or(|total| total > max_pinned)
-        {
-            stats::PINNED_BYTES.fetch_sub(len, Relaxed);
+        if !stats::reserve_within(&stats::PINNED_BYTES, len, max_pinned) {
             return Err(error::over_pin_limit());
         }
         if counters.registrations.fetch_add(1, Relaxed) >= max_regs {
@@ -301,7 +299,7 @@ impl GdirectFile {
             revocations: stats::REVOCATIONS.load(Relaxed),
             max_pinned_bytes,
             max_registrations,
-            user_pinned_bytes: users::current_bytes(),
+            user_pinned_bytes: users::bytes_of(self.opener),
             max_pinned_bytes_per_user: crate::max_pinned_bytes_per_user(),
             ..InfoArgs::default()
         };
@@ -334,8 +332,10 @@ impl GdirectFile {
         if args.addr % align != 0 || args.len % align != 0 {
             return Err(ERANGE);
         }
+        // The user's own limit first: a user at it is refused without touching the module's
+        // total, which other users' registrations are checked against meanwhile.
+        let user = UserCharge::new(self.opener, args.len)?;
         let reservation = Reservation::new(&self.counters, args.len)?;
-        let user = UserCharge::new(args.len)?;
         let memlock = match args.provider {
             uapi::PROVIDER_HOST => MemlockCharge::new(args.len / provider::PAGE_SIZE)?,
             _ => None,

@@ -52,8 +52,8 @@ module! {
             description: "Most bytes all registrations together may pin (default 64 GiB)",
         },
         max_pinned_bytes_per_user: u64 {
-            default: 0,
-            description: "Most bytes the registrations of one user (real uid) may pin; 0: only max_pinned_bytes applies (default 0)",
+            default: 32 << 30,
+            description: "Most bytes the registrations of one user (the real uid that opened the device) may pin, half of max_pinned_bytes by default; 0: only max_pinned_bytes applies (default 32 GiB)",
         },
         max_registrations: u32 {
             default: 65536,

@@ -30,6 +30,22 @@ use crate::{
 pub(crate) static REGISTRATIONS: Atomic<u64> = Atomic::new(0);
 /// Bytes pinned by live registrations; also the reservation counter for `max_pinned_bytes`.
 pub(crate) static PINNED_BYTES: Atomic<u64> = Atomic::new(0);
+/// Adds `len` to `counter` only if the sum stays within `max`: the check comes before the
+/// addition (a compare-exchange loop), so that no value past the limit, or wrapped past
+/// `u64::MAX` by a huge `len`, is ever seen by a concurrent reservation. `false`: nothing added.
+pub(crate) fn reserve_within(counter: &Atomic<u64>, len: u64, max: u64) -> bool {
+    let mut current = counter.load(Relaxed);
+    loop {
+        let Some(total) = current.checked_add(len).filter(|&t| t <= max) else {
+            return false;
+        };
+        match counter.cmpxchg(current, total, Relaxed) {
+            Ok(_) => return true,
+            Err(seen) => current = seen,
+        }
+    }
+}
+
 /// Registrations revoked by their provider since load.
 pub(crate) static REVOCATIONS: Atomic<u64> = Atomic::new(0);
 /// nvidia registrations that ended where put_pages could not reach their pages (another

@@ -2,9 +2,12 @@
 
 // Copyright (C) 2026 The gdirect authors.
 
-//! Pinned bytes per user: `max_pinned_bytes_per_user` keeps the registrations of one user (real
-//! uid, over all its processes and files) from taking the whole of `max_pinned_bytes`, so that
-//! one user cannot make every other one get `EDQUOT`.
+//! Pinned bytes per user: `max_pinned_bytes_per_user` keeps the registrations of one user from
+//! taking the whole of `max_pinned_bytes`, so that one user cannot make every other one get
+//! `EDQUOT`. The user is the one that opened the device file (its real uid at `open`, as
+//! io_uring charges the user that set a ring up), over all its files and processes: a child
+//! that changed its uid after `fork`, or a process the file was passed to, registers on the
+//! opener's account, not on one of its own.
 //!
 //! A registration holds a [`UserCharge`]; the users with something pinned are kept in a short
 //! list, looked up at `REGISTER` under its lock. A charge is given back without the lock (an
@@ -22,7 +25,10 @@ use kernel::{
     },
 };
 
-use crate::error;
+use crate::{
+    error,
+    stats, //
+};
 
 /// The bytes one user has pinned.
 struct UserPins {
@@ -61,14 +67,18 @@ impl Drop for Users {
     }
 }
 
-/// The calling task's real uid.
-fn current_uid() -> u32 {
-    kernel::current!().uid().into_raw().val
+/// The user a file opened now belongs to: the calling task's real uid (the value in the
+/// initial user namespace).
+pub(crate) fn opener() -> Uid {
+    Uid(kernel::current!().uid().into_raw().val)
 }
 
-/// The bytes the calling task's user has pinned now.
-pub(crate) fn current_bytes() -> u64 {
-    let uid = current_uid();
+/// A user, as [`opener`] found it.
+#[derive(Clone, Copy)]
+pub(crate) struct Uid(u32);
+
+/// The bytes `uid` has pinned now.
+pub(crate) fn bytes_of(Uid(uid): Uid) -> u64 {
     USERS
         .lock()
         .iter()
@@ -83,10 +93,9 @@ pub(crate) struct UserCharge {
 }
 
 impl UserCharge {
-    /// Charges `bytes` to the calling task's user: `EDQUOT` past `max_pinned_bytes_per_user`
-    /// (0: no limit of its own).
-    pub(crate) fn new(bytes: u64) -> Result<Self> {
-        let uid = current_uid();
+    /// Charges `bytes` to user `uid`: `EDQUOT` past `max_pinned_bytes_per_user` (0: no limit of
+    /// its own).
+    pub(crate) fn new(Uid(uid): Uid, bytes: u64) -> Result<Self> {
         let max = crate::max_pinned_bytes_per_user();
         let mut users = USERS.lock();
         // Users with nothing pinned leave; none is being charged (that happens under the lock).
@@ -105,9 +114,8 @@ impl UserCharge {
                 u
             }
         };
-        let before = user.bytes.fetch_add(bytes, Relaxed);
-        if max != 0 && before.checked_add(bytes).is_none_or(|total| total > max) {
-            user.bytes.fetch_sub(bytes, Relaxed);
+        let max = if max == 0 { u64::MAX } else { max };
+        if !stats::reserve_within(&user.bytes, bytes, max) {
             return Err(error::over_user_pin_limit());
         }
         Ok(Self { user, bytes })

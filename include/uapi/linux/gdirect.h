@@ -118,9 +118,9 @@ struct gdirect_info_args {
 	__u64 max_pinned_bytes; /* all registrations together */
 	__u32 max_registrations; /* per file */
 	__u32 pad3; /* must be 0 */
-	/* out: the caller's user (real uid), over all its processes and files */
+	/* out: the user that opened this file (its real uid at open), over all its files */
 	__u64 user_pinned_bytes; /* bytes pinned by its registrations */
-	__u64 max_pinned_bytes_per_user; /* module parameter; 0: no limit of its own */
+	__u64 max_pinned_bytes_per_user; /* module parameter (default 32 GiB); 0: none */
 	/* in, must be 0: room for later outputs */
 	__u64 reserved[2];
 };
@@ -159,8 +159,12 @@ struct gdirect_info_args {
  *                  REGISTER returns.
  *  EDQUOT          pinning len more bytes would exceed max_pinned_bytes (the
  *                  module's limit over every provider and every process), or
- *                  max_pinned_bytes_per_user for the caller's user (real uid;
- *                  GET_INFO reports both limits and the user's pinned bytes).
+ *                  max_pinned_bytes_per_user for the user that opened the file
+ *                  (its real uid at open, whoever calls: a forked child that
+ *                  changed uid, or a process the file was passed to, registers
+ *                  on the opener's account; GET_INFO reports both limits and
+ *                  the user's pinned bytes). The per-user limit is checked
+ *                  first; neither check adds anything before it passes.
  *  EMFILE          this file already holds max_registrations registrations.
  *  ENOENT          no registration with this handle was ever made on this file
  *                  (the handle carries this file's cookie, see EPERM).

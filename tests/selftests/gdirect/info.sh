@@ -65,7 +65,7 @@ schema='
 	(.open_files == 1) and
 	(.counters == {"file_registrations": 0, "file_pinned_bytes": 0, "registrations": 0,
 	               "pinned_bytes": 0, "revocations": 0, "user_pinned_bytes": 0}) and
-	(.limits == {"max_pinned_bytes": 68719476736, "max_pinned_bytes_per_user": 0,
+	(.limits == {"max_pinned_bytes": 68719476736, "max_pinned_bytes_per_user": 34359738368,
 	             "max_registrations": 65536}) and
 	(keys == ["counters", "device", "library", "limits", "module", "open_files", "providers"])'
 matches_schema() { echo "$json" | jq -e "$schema" >/dev/null; }

@@ -9,6 +9,8 @@
 #  - meanwhile another user (root) pins its own 32 MiB: one user's pins do not
 #    take what others may pin;
 #  - when the holder exits, the user's count is back to 0 and 32 MiB fits;
+#  - the account is the opener's: a child that became the user after fork
+#    registers through root's file on root's account;
 #  - the kernel memory of registrations (the page arrays: 8 bytes a page) is
 #    charged to the registering process's memory cgroup (GFP_KERNEL_ACCOUNT).
 
@@ -40,7 +42,7 @@ _add_test_user
 chgrp gdirect /dev/gdirect /dev/gdirect_egpu && chmod 0660 /dev/gdirect_egpu
 
 ktap_print_header
-ktap_set_plan 11
+ktap_set_plan 12
 
 _test "GET_INFO reports the limit" _expect_eq max_pinned_bytes_per_user $((32 * M)) \
 	"$(_info .limits.max_pinned_bytes_per_user)"
@@ -82,6 +84,13 @@ _test "the holder gone, the user has nothing pinned" _expect_eq user_pinned_byte
 	"$(_as_user gdirect info --json | jq -r .counters.user_pinned_bytes)"
 again=$(_as_user gdirect-reg pin egpu $((32 * M)))
 _test "and the whole 32 MiB fits again" _expect_eq register OK "$(_kv "$again" register)"
+
+# The opener's account: a file root opened, used by a child that became the user after fork.
+oc=$(gdirect-reg opener-charge 1000 990 $((16 * M)) 2>&1)
+ktap_print_msg "opener-charge: $oc"
+_test "a registration through a file root opened, made by a child that became uid 1000, counts against root (the opener), not the child's user" \
+	_expect_eq "child uid, register, opener's bytes, child user's bytes" "1000 OK $((16 * M)) 0" \
+	"$(_kv "$oc" child_uid) $(_kv "$oc" register) $(_kv "$oc" opener_file_user_pinned_bytes) $(_kv "$oc" own_file_user_pinned_bytes)"
 
 # Memory cgroup: 8 registrations of one 256 MiB host buffer from a child cgroup
 # make 4 MiB of page arrays; its `kernel` bytes must grow by them (less the up

@@ -22,6 +22,13 @@
 //!                                  `ready pid=PID`, and sleep until killed
 //!   stress THREADS CYCLES PEER     register/query/unregister loops on host and egpu memory
 //!   egpu-info                      the emulated GPU's allocations, mappings and callbacks
+//!   opener-charge UID GID SIZE     the device opened here (root), then a forked child that
+//!                                  became UID (group GID) registers SIZE bytes of its own GPU
+//!                                  memory through the inherited file: the user pinned bytes
+//!                                  that file reports (the opener's), and a file of its own
+//!   pin-race SECONDS               REGISTERs racing for max_pinned_bytes: a competitor that
+//!                                  must be refused while a holder keeps half of it, and lengths
+//!                                  that wrap the module's total (see the function)
 //!   egpu-free-kept VA              free a kept allocation (GDIRECT_EGPU_KEEP=1 gdirect read)
 //!   bar1-share SIZE                two registrations of one allocation of SIZE bytes: both
 //!                                  outcomes and the emulated GPU's BAR1 use with both held
@@ -109,6 +116,14 @@ fn main() -> ExitCode {
             _ => return usage(),
         },
         (Some("limits"), _) => limits(),
+        (Some("opener-charge"), _) => match (num(1), num(2), num(3)) {
+            (Some(uid), Some(gid), Some(size)) => opener_charge(uid as u32, gid as u32, size),
+            _ => return usage(),
+        },
+        (Some("pin-race"), _) => match num(1) {
+            Some(seconds @ 1..=60) => pin_race(seconds),
+            _ => return usage(),
+        },
         (Some("egpu-info"), _) => egpu_info(),
         (Some("pidns-put"), _) => pidns_put(),
         (Some("bar1-share"), _) => match num(1) {
@@ -1124,6 +1139,127 @@ fn egpu_info() -> gdirect::Result<()> {
 fn egpu_free_kept(va: u64) -> gdirect::Result<()> {
     let report = Egpu::open()?.free_kept(va)?;
     println!("freed={va:#x} callbacks={}", report.callbacks);
+    Ok(())
+}
+
+/// A registration through a file opened by another user (here, before a `fork` and `setuid`):
+/// whose account it is charged to, by the `GET_INFO` of that file and of one the child opens.
+fn opener_charge(uid: u32, gid: u32, size: u64) -> gdirect::Result<()> {
+    let inherited = Driver::open()?;
+    // SAFETY: this program has no other thread; the child only makes syscalls and prints.
+    match unsafe { nix::unistd::fork() } {
+        Err(_) => Err(Error::Worker { what: "fork" }),
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            let _ = nix::sys::wait::waitpid(child, None);
+            Ok(())
+        }
+        Ok(nix::unistd::ForkResult::Child) => {
+            let groups = [gid];
+            // SAFETY: plain syscalls; `groups` outlives the call.
+            let dropped = unsafe {
+                nix::libc::setgroups(1, groups.as_ptr()) == 0
+                    && nix::libc::setgid(gid) == 0
+                    && nix::libc::setuid(uid) == 0
+            };
+            let code = match opener_charge_child(&inherited, dropped, size) {
+                Ok(()) => 0,
+                Err(e) => {
+                    println!("FAIL: {e}");
+                    1
+                }
+            };
+            use std::io::Write as _;
+            let _ = std::io::stdout().flush();
+            // SAFETY: leaves the forked child without running the parent's destructors twice.
+            unsafe { nix::libc::_exit(code) }
+        }
+    }
+}
+
+fn opener_charge_child(inherited: &Driver, dropped: bool, size: u64) -> gdirect::Result<()> {
+    if !dropped {
+        return Err(Error::Worker {
+            what: "cannot drop privileges",
+        });
+    }
+    let alloc = Egpu::open()?.alloc(size)?;
+    let reg = inherited.register(&alloc)?;
+    let own = Driver::open()?;
+    println!(
+        "child_uid={} register=OK opener_file_user_pinned_bytes={} own_file_user_pinned_bytes={}",
+        nix::unistd::getuid(),
+        inherited.info()?.user_pinned_bytes,
+        own.info()?.user_pinned_bytes
+    );
+    drop(reg);
+    Ok(())
+}
+
+/// REGISTERs racing for `max_pinned_bytes`, for `seconds`: a holder keeps just over half of it
+/// registered the whole time, so that a competitor registering the same size must get
+/// `EDQUOT` every time, while two threads send REGISTERs of lengths that wrap the module's total
+/// past 2^64 back to 0 (each must be refused too). A reservation that added before it checked
+/// would, for an instant, show the competitor a total of 0. Then the holder lets go and the
+/// competitor's next try succeeds (it could succeed; the limit was what stopped it).
+fn pin_race(seconds: u64) -> gdirect::Result<()> {
+    let driver = Driver::open()?;
+    let max = driver.info()?.max_pinned_bytes;
+    let half = (max / 2 / 4096 + 1) * 4096;
+    // 4096 + wrap does not overflow (the module's EOVERFLOW check), and wrap + half == 2^64.
+    let wrap = half.wrapping_neg();
+    let holder = HostBuffer::new(half as usize)?;
+    let held = driver.register(&holder)?;
+    let competitor = HostBuffer::new(half as usize)?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(seconds);
+    let (tries, passed, other) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let (wraps, wraps_refused) = (AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|s| -> gdirect::Result<()> {
+        for _ in 0..2 {
+            s.spawn(|| -> gdirect::Result<()> {
+                let fd = open_dev()?;
+                while std::time::Instant::now() < deadline {
+                    let (r, handle) = register_raw(&fd, Provider::Host.id(), 4096, wrap, 0);
+                    wraps.fetch_add(1, Ordering::Relaxed);
+                    if r == "EDQUOT" {
+                        wraps_refused.fetch_add(1, Ordering::Relaxed);
+                    } else if r == "OK" {
+                        unregister_raw(&fd, handle);
+                    }
+                }
+                Ok(())
+            });
+        }
+        let d = Driver::open()?;
+        while std::time::Instant::now() < deadline {
+            tries.fetch_add(1, Ordering::Relaxed);
+            match d.register(&competitor) {
+                Ok(reg) => {
+                    passed.fetch_add(1, Ordering::Relaxed);
+                    drop(reg);
+                }
+                Err(e) if e.errno() == Some(Errno::EDQUOT) => {}
+                Err(e) => {
+                    other.fetch_add(1, Ordering::Relaxed);
+                    println!("competitor: {e}");
+                }
+            }
+        }
+        Ok(())
+    })?;
+    drop(held);
+    let after = match driver.register(&competitor) {
+        Ok(_) => "OK".to_string(),
+        Err(e) => e.errno().map_or("?".into(), |e| format!("{e:?}")),
+    };
+    let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    println!(
+        "max_pinned_bytes={max} half={half} competitor_tries={} competitor_passed={} competitor_other={} wraps={} wraps_refused={} competitor_after_release={after}",
+        l(&tries),
+        l(&passed),
+        l(&other),
+        l(&wraps),
+        l(&wraps_refused)
+    );
     Ok(())
 }
 
