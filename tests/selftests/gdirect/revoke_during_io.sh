@@ -6,6 +6,8 @@
 # each read either completes in full or fails with EKEYREVOKED, the free returns
 # only when no read can touch the memory any more - its bytes do not change
 # after it returns - later uses fail with EKEYREVOKED, and nothing stays pinned.
+# Twice: reads peer to peer, then every read forced through the bounce path, where
+# the module's CPU copy into GPU memory is what the free must wait for.
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 
@@ -17,25 +19,35 @@ _load_all || ktap_exit_fail_msg "cannot load the modules"
 n0=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL" 4) || ktap_exit_fail_msg "no namespace 4 of $GDIRECT_NVME0_SERIAL"
 
 ktap_print_header
-ktap_set_plan 8
+ktap_set_plan 18
 
-out=$(gdirect-io revoke "$n0")
-rc=$?
-ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
-first=$(echo "$out" | head -n 1)
-echo "GDIRECT-FIGURE revoke_during_io in_flight_at_free=$(_kv "$out" in_flight_at_free) $(echo "$first" | cut -d' ' -f1-4)"
-_test "the scenario ran" _expect_eq "exit status" 0 "$rc"
-_test "every read completed in full or failed with EKEYREVOKED" _expect_eq "other outcomes" 0 "$(_kv "$first" other)"
-_test "all 128 were accounted for" _expect_eq total 128 "$(( $(_kv "$first" completed_ok) + $(_kv "$first" revoked) ))"
-# Raced: transfers were running when the free began (debugfs), or queued ones were revoked.
-_test "the free raced the reads: transfers running at the free, or queued ones revoked" \
-	test $(($(_kv "$out" in_flight_at_free) + $(_kv "$first" revoked))) -ge 1
-_test "every read that completed holds the drive's bytes (poisoned before)" \
-	_expect_eq mismatches 0 "$(_kv "$out" data_mismatches)"
-_test "no byte of the memory changed after the free returned" \
-	_expect_eq unchanged true "$(_kv "$out" unchanged_after_revocation)"
-_test "a later use fails with EKEYREVOKED" _expect_eq use EKEYREVOKED "$(_kv "$out" use_after)"
-_test "nothing stays registered or pinned" \
-	_expect_eq counters "0 0" "$(_kv "$out" registrations) $(_kv "$out" pinned_bytes)"
+# One run of the scenario: $1 names it, the rest are gdirect-io revoke's extra arguments.
+scenario() {
+	name=$1
+	shift
+	out=$(gdirect-io revoke "$n0" 128 "$@")
+	rc=$?
+	ktap_print_msg "$name: $(echo "$out" | tr '\n' ' ')"
+	first=$(echo "$out" | head -n 1)
+	echo "GDIRECT-FIGURE revoke_during_io mode=$name in_flight_at_free=$(_kv "$out" in_flight_at_free) $(echo "$first" | cut -d' ' -f1-4)"
+	_test "$name: the scenario ran" _expect_eq "exit status" 0 "$rc"
+	_test "$name: every read completed in full or failed with EKEYREVOKED" _expect_eq "other outcomes" 0 "$(_kv "$first" other)"
+	_test "$name: all 128 were accounted for" _expect_eq total 128 "$(( $(_kv "$first" completed_ok) + $(_kv "$first" revoked) ))"
+	# Raced: transfers were running when the free began (debugfs), or queued ones were revoked.
+	_test "$name: the free raced the reads: transfers running at the free, or queued ones revoked" \
+		test $(($(_kv "$out" in_flight_at_free) + $(_kv "$first" revoked))) -ge 1
+	_test "$name: every read that completed holds the drive's bytes (poisoned before)" \
+		_expect_eq mismatches 0 "$(_kv "$out" data_mismatches)"
+	_test "$name: the free poisoned the memory and no byte of it changed after the free returned" \
+		_expect_eq unchanged true "$(_kv "$out" unchanged_after_revocation)"
+	_test "$name: a later use fails with EKEYREVOKED" _expect_eq use EKEYREVOKED "$(_kv "$out" use_after)"
+	_test "$name: nothing stays registered or pinned" \
+		_expect_eq counters "0 0" "$(_kv "$out" registrations) $(_kv "$out" pinned_bytes)"
+}
+scenario p2p
+_test "p2p: the completed reads went peer to peer" _expect_eq bounced 0 "$(_kv "$first" bounced)"
+scenario bounce bounce
+_test "bounce: every completed read was bounced" \
+	_expect_eq bounced "$(_kv "$first" completed_ok)" "$(_kv "$first" bounced)"
 
 ktap_finished

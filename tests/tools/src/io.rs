@@ -9,16 +9,18 @@
 //!   batch DEV                     256-entry batches of reads into GPU memory: in-flight limit,
 //!                                 eventfd notification, reap, every byte checked
 //!   errors DEV                    each bad transfer's errno, one `case=ERRNO` line each
-//!   revoke DEV [COUNT]            free GPU memory while COUNT (default 128, at most 128) 1 MiB
-//!                                 reads into it are in flight
+//!   revoke DEV [COUNT [bounce]]   free GPU memory while COUNT (default 128, at most 128) 1 MiB
+//!                                 reads into it are in flight (with `bounce`, every one forced
+//!                                 through the bounce path: the module's copy into GPU memory
+//!                                 races the free)
 //!   revoke-latency DEV MIB        one synchronous MIB MiB read of DEV into GPU memory, freed
 //!                                 0.3 s after it started: how long the free took, and whether
 //!                                 the read was still running when the free returned
-//!   inflight DEV COUNT            COUNT batched 1 MiB reads into GPU memory, all reaped: how many
-//!                                 completed and with which errno, and how long it took
 //!   queue-exit DEV COUNT          COUNT batched 1 MiB reads of DEV into kept GPU memory, then
 //!                                 exit at once with them queued (never reaped): prints `va=`,
 //!                                 the memory to free later, and `submitted=`
+//!   inflight DEV COUNT            COUNT batched 1 MiB reads into GPU memory, all reaped: how many
+//!                                 completed and with which errno, and how long it took
 //!   faults COUNT SEED DEV         COUNT random reads of DEV into GPU memory (synchronous or in
 //!                                 batches, P2P or bounced) while faults may be injected: each
 //!                                 either delivers every byte right or fails with an errno,
@@ -100,13 +102,20 @@ fn main() -> ExitCode {
         },
         Some("batch") if args.len() == 2 => batch(&args[1]),
         Some("errors") if args.len() == 2 => errors(&args[1]),
-        Some("revoke") if args.len() == 2 => revoke(&args[1], 128),
-        Some("revoke") if args.len() == 3 => match args[2].parse() {
-            Ok(count @ 1..=128) => revoke(&args[1], count),
-            _ => return usage(),
-        },
+        Some("revoke") if args.len() == 2 => revoke(&args[1], 128, false),
+        Some("revoke") if args.len() == 3 || args.len() == 4 => {
+            match (args[2].parse(), args.get(3).map(String::as_str)) {
+                (Ok(count @ 1..=128), None) => revoke(&args[1], count, false),
+                (Ok(count @ 1..=128), Some("bounce")) => revoke(&args[1], count, true),
+                _ => return usage(),
+            }
+        }
         Some("revoke-latency") if args.len() == 3 => match args[2].parse() {
             Ok(mib @ 1..=256) => revoke_latency(&args[1], mib),
+            _ => return usage(),
+        },
+        Some("queue-exit") if args.len() == 3 => match args[2].parse() {
+            Ok(count @ 1..=128) => queue_exit(&args[1], count),
             _ => return usage(),
         },
         Some("inflight") if args.len() == 3 => match args[2].parse() {
@@ -114,10 +123,6 @@ fn main() -> ExitCode {
             _ => return usage(),
         },
         Some("faults") if args.len() == 4 => match (args[1].parse(), args[2].parse()) {
-        Some("queue-exit") if args.len() == 3 => match args[2].parse() {
-            Ok(count @ 1..=128) => queue_exit(&args[1], count),
-            _ => return usage(),
-        },
             (Ok(count), Ok(seed)) => faults(count, seed, &args[3]),
             _ => return usage(),
         },
@@ -875,11 +880,6 @@ fn submit_across_hole(driver: &Driver, file: &File, handle: u64) -> gdirect::Res
     Ok((errno, a.submitted))
 }
 
-fn inflight(dev: &str, count: u64) -> gdirect::Result<()> {
-    const LEN: u64 = 1 << 20;
-    let driver = Driver::open()?;
-    let gpu = Egpu::open()?;
-    let alloc = gpu.alloc(count * LEN)?;
 fn queue_exit(dev: &str, count: u64) -> gdirect::Result<()> {
     const LEN: u64 = 1 << 20;
     let driver = Driver::open()?;
@@ -910,6 +910,11 @@ fn queue_exit(dev: &str, count: u64) -> gdirect::Result<()> {
     std::process::exit(0)
 }
 
+fn inflight(dev: &str, count: u64) -> gdirect::Result<()> {
+    const LEN: u64 = 1 << 20;
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let alloc = gpu.alloc(count * LEN)?;
     let reg = driver.register(&alloc)?;
     let file = File::open_direct(dev)?;
     let mut b = Batch::new();
@@ -1012,7 +1017,7 @@ fn revoke_latency(dev: &str, mib: u64) -> gdirect::Result<()> {
     Ok(())
 }
 
-fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
+fn revoke(dev: &str, count: u64, bounce: bool) -> gdirect::Result<()> {
     const LEN: u64 = 1 << 20;
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
@@ -1027,8 +1032,9 @@ fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
     let reg = driver.register(&alloc)?;
     let file = File::open_direct(dev)?;
     let mut b = Batch::new();
+    let options = IoOptions::new().force_bounce(bounce);
     for i in 0..count {
-        b.read(&file, &reg, i * LEN, (i % 16) * LEN, LEN, i);
+        b.read_with(&file, &reg, i * LEN, (i % 16) * LEN, LEN, i, options);
     }
     let mut submitted = 0;
     while submitted < b.len() {
@@ -1040,7 +1046,7 @@ fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
     }
     // Reads already complete before the free: their bytes are checked in the memory now (the
     // emulated GPU poisons memory when it is freed, so no read's bytes can be seen after).
-    let (mut ok, mut revoked, mut other) = (0, 0, 0);
+    let (mut ok, mut revoked, mut other, mut bounced) = (0, 0, 0, 0);
     let (mut checked, mut mismatches) = (0, 0);
     let mut reaped = 0;
     let mut tally =
@@ -1048,6 +1054,7 @@ fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
             match c.result {
                 Ok(t) if t.bytes == LEN => {
                     ok += 1;
+                    bounced += u64::from(t.path == IoPath::Bounce);
                     if let Some(alloc) = memory {
                         let i = c.user_data;
                         let mut got = vec![0u8; LEN as usize];
@@ -1088,7 +1095,7 @@ fn revoke(dev: &str, count: u64) -> gdirect::Result<()> {
     }
     let after = bar_pages_bytes(&pages)?;
     println!(
-        "submitted={submitted} completed_ok={ok} revoked={revoked} other={other} callbacks={}",
+        "submitted={submitted} completed_ok={ok} revoked={revoked} other={other} callbacks={} bounced={bounced}",
         report.callbacks
     );
     println!(
