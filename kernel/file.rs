@@ -13,8 +13,15 @@
 //! unregistered (`ESTALE`) is told from one that never existed (`ENOENT`).
 //!
 //! The dispatcher checks the ioctl type, then the command number, then that the size and
-//! direction encoded in the command are exactly the ones of `include/uapi/linux/gdirect.h`, and
-//! only then touches user memory.
+//! direction encoded in the command are exactly the ones of `include/uapi/linux/gdirect.h`, then
+//! that the caller runs in the address space that opened the file (`EXDEV` otherwise), and only
+//! then touches user memory.
+//!
+//! A file belongs to the address space (`mm`) that opened it, as a KVM VM does: its
+//! registrations pin that address space's memory, and a process that has the file by `fork`,
+//! `exec` or `SCM_RIGHTS` would otherwise read into memory it does not see (after `fork` the
+//! child's copies of pinned host pages are its own, not the pinned ones) or into another
+//! process's GPU memory. Such a process opens the device itself.
 
 use kernel::{
     bindings,
@@ -28,6 +35,7 @@ use kernel::{
         MiscDevice,
         MiscDeviceRegistration, //
     },
+    mm::Mm,
     new_mutex, pci,
     prelude::*,
     seq_file::SeqFile,
@@ -58,7 +66,10 @@ use crate::{
         Dir,
         Transfer, //
     },
-    memlock::MemlockCharge,
+    memlock::{
+        self,
+        MemlockCharge, //
+    },
     provider,
     region::{
         self,
@@ -104,6 +115,10 @@ pub(crate) struct GdirectFile {
     cookie: u32,
     /// The user that opened the file, whose per-user limit its registrations count against.
     opener: users::Uid,
+    /// The address space that opened the file, the only one its commands are taken from; held
+    /// (`mmgrab`) so that no other address space can be allocated at its address meanwhile.
+    /// `None` for a file opened without one (by the kernel itself): no command is taken.
+    mm: Option<ARef<Mm>>,
     counters: Arc<FileCounters>,
     batches: Arc<Batches>,
 }
@@ -174,6 +189,7 @@ impl MiscDevice for GdirectFile {
                 next_index <- new_mutex!(1, "GdirectFile::next_index"),
                 cookie,
                 opener: users::opener(),
+                mm: memlock::current_mm(),
                 counters: FileCounters::new()?,
                 batches: Batches::new()?,
             }),
@@ -191,6 +207,9 @@ impl MiscDevice for GdirectFile {
         // A known command with another size or direction: an older or newer struct layout.
         if cmd != command.code() {
             return Err(EINVAL);
+        }
+        if !me.in_opener_mm() {
+            return Err(EXDEV);
         }
         let user = UserSlice::new(UserPtr::from_addr(arg), _IOC_SIZE(cmd));
         match command {
@@ -268,6 +287,12 @@ impl Drop for Reservation<'_> {
 }
 
 impl GdirectFile {
+    /// Whether the calling task runs in the address space that opened the file.
+    fn in_opener_mm(&self) -> bool {
+        // Not `CurrentTask::mm()`, which reads the wrong field on this kernel (see `shim.c`).
+        self.mm.as_deref().is_some_and(memlock::is_current_mm)
+    }
+
     /// `GDIRECT_IOC_GET_INFO`.
     fn get_info(&self, user: UserSlice) -> Result<isize> {
         let (mut reader, mut writer) = user.reader_writer();

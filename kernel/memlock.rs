@@ -21,6 +21,25 @@ unsafe extern "C" {
     fn gdirect_current_mm() -> *mut c_void;
 }
 
+/// The calling task's address space, held (`mmgrab`); `None` for a kernel thread.
+pub(crate) fn current_mm() -> Option<ARef<Mm>> {
+    // SAFETY: no preconditions; the result is the current task's own mm (or NULL), which stays
+    // valid while the task runs this call.
+    let raw = unsafe { gdirect_current_mm() };
+    if raw.is_null() {
+        return None;
+    }
+    // SAFETY: a live `mm_struct` (see above); `ARef::from` takes its own reference.
+    Some(ARef::from(unsafe { Mm::from_raw(raw.cast()) }))
+}
+
+/// Whether the calling task runs in the address space `mm`.
+pub(crate) fn is_current_mm(mm: &Mm) -> bool {
+    // SAFETY: no preconditions; only the address is compared.
+    let raw = unsafe { gdirect_current_mm() };
+    core::ptr::eq(raw.cast_const().cast(), mm.as_raw().cast_const())
+}
+
 /// Pages charged to a process's `pinned_vm`, uncharged on drop.
 pub(crate) struct MemlockCharge {
     mm: ARef<Mm>,

@@ -5,9 +5,9 @@
 //! Pinned bytes per user: `max_pinned_bytes_per_user` keeps the registrations of one user from
 //! taking the whole of `max_pinned_bytes`, so that one user cannot make every other one get
 //! `EDQUOT`. The user is the one that opened the device file (its real uid at `open`, as
-//! io_uring charges the user that set a ring up), over all its files and processes: a child
-//! that changed its uid after `fork`, or a process the file was passed to, registers on the
-//! opener's account, not on one of its own.
+//! io_uring charges the user that set a ring up), over all its files and processes: a process
+//! that changed its uid after it opened the file registers on the account it opened it with.
+//! (Only the opening address space may use a file at all: see `file`.)
 //!
 //! A registration holds a [`UserCharge`]; the users with something pinned are kept in a short
 //! list, looked up at `REGISTER` under its lock. A charge is given back without the lock (an

@@ -27,6 +27,12 @@
  *  EINVAL   known command with a wrong size or direction, unknown flag bits,
  *           or a nonzero reserved/pad field.
  *  EFAULT   the argument pointer is not readable/writable user memory.
+ *  EXDEV    the caller does not run in the address space (mm) that opened
+ *           the file: a child after fork(2), a program after execve(2) of a
+ *           descriptor without O_CLOEXEC, or a process that received it over
+ *           a Unix socket. Nothing is done, GET_INFO included; the file's
+ *           registrations stay the opener's until it closes the file. Such a
+ *           process opens the device itself.
  *
  * Permissions: the device is created mode 0660 (root; give a group access).
  * Transfers only ever use file descriptors the caller opened itself: the
@@ -34,8 +40,12 @@
  * stand; WRITE needs a file open for writing, READ one open for reading.
  * Handles name registrations of one open file; host addresses are pinned in
  * the caller's address space and GPU addresses looked up in the caller's GPU
- * context, so a process cannot reach another's memory. Host memory pinned by
- * REGISTER counts against the caller's RLIMIT_MEMLOCK (see ENOMEM below).
+ * context. An open file is bound to the address space that opened it, as a
+ * KVM VM is: every command from another one fails with EXDEV, so a process
+ * cannot reach another's memory through a descriptor it inherited or was
+ * passed (a forked child would otherwise read into the parent's pinned pages,
+ * not its own copies of them). Host memory pinned by REGISTER counts against
+ * the caller's RLIMIT_MEMLOCK (see ENOMEM below).
  *
  * open(2) of the device fails with ENODEV while the module is being unloaded.
  * Every open file holds a reference on the module, and so does every batched
@@ -160,10 +170,10 @@ struct gdirect_info_args {
  *  EDQUOT          pinning len more bytes would exceed max_pinned_bytes (the
  *                  module's limit over every provider and every process), or
  *                  max_pinned_bytes_per_user for the user that opened the file
- *                  (its real uid at open, whoever calls: a forked child that
- *                  changed uid, or a process the file was passed to, registers
- *                  on the opener's account; GET_INFO reports both limits and
- *                  the user's pinned bytes). The per-user limit is checked
+ *                  (its real uid at open: a process that changed its uid
+ *                  since registers on the account it opened the file with;
+ *                  GET_INFO reports both limits and the user's pinned
+ *                  bytes). The per-user limit is checked
  *                  first; neither check adds anything before it passes.
  *  EMFILE          this file already holds max_registrations registrations.
  *  ENOENT          no registration with this handle was ever made on this file

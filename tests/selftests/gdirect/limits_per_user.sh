@@ -9,8 +9,8 @@
 #  - meanwhile another user (root) pins its own 32 MiB: one user's pins do not
 #    take what others may pin;
 #  - when the holder exits, the user's count is back to 0 and 32 MiB fits;
-#  - the account is the opener's: a child that became the user after fork
-#    registers through root's file on root's account;
+#  - the account is the opener's: a process that opened the device as root
+#    and became the user since registers through that file on root's account;
 #  - the kernel memory of registrations (the page arrays: 8 bytes a page) is
 #    charged to the registering process's memory cgroup (GFP_KERNEL_ACCOUNT).
 
@@ -85,12 +85,12 @@ _test "the holder gone, the user has nothing pinned" _expect_eq user_pinned_byte
 again=$(_as_user gdirect-reg pin egpu $((32 * M)))
 _test "and the whole 32 MiB fits again" _expect_eq register OK "$(_kv "$again" register)"
 
-# The opener's account: a file root opened, used by a child that became the user after fork.
+# The opener's account: a file opened as root, used after the process became the user.
 oc=$(gdirect-reg opener-charge 1000 990 $((16 * M)) 2>&1)
 ktap_print_msg "opener-charge: $oc"
-_test "a registration through a file root opened, made by a child that became uid 1000, counts against root (the opener), not the child's user" \
-	_expect_eq "child uid, register, opener's bytes, child user's bytes" "1000 OK $((16 * M)) 0" \
-	"$(_kv "$oc" child_uid) $(_kv "$oc" register) $(_kv "$oc" opener_file_user_pinned_bytes) $(_kv "$oc" own_file_user_pinned_bytes)"
+_test "a registration through a file opened as root, made after the process became uid 1000, counts against root (the opener), not uid 1000" \
+	_expect_eq "uid, register, opener's bytes, uid 1000's bytes" "1000 OK $((16 * M)) 0" \
+	"$(_kv "$oc" uid) $(_kv "$oc" register) $(_kv "$oc" opener_file_user_pinned_bytes) $(_kv "$oc" own_file_user_pinned_bytes)"
 
 # Memory cgroup: 8 registrations of one 256 MiB host buffer from a child cgroup
 # make 4 MiB of page arrays; its `kernel` bytes must grow by them (less the up

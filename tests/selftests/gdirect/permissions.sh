@@ -9,9 +9,9 @@
 #  - A read-only file can be read through, never written through (EBADF).
 #  - Handles belong to one open file (EPERM elsewhere); GPU and host memory
 #    are found in the caller's own address space only.
-#  - An open file passed over a Unix socket carries exactly its capability:
-#    the receiver uses its registrations and the passed read-only file, cannot
-#    write through that file, and cannot use the handles on its own open file.
+#  - An open device file is bound to the address space that opened it: one
+#    passed over a Unix socket is refused to its receiver (EXDEV), whose own
+#    open file does not know the sender's handles either (EPERM).
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 
@@ -68,8 +68,8 @@ out=$(gdirect-perm pass-fd "$ns" 1000 990)
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
 _test "the receiver runs as uid 1000" _expect_eq uid 1000 "$(kv "$out" receiver_uid)"
 _test "it cannot open the device itself (EACCES)" _expect_eq open EACCES "$(kv "$out" receiver_open_dev)"
-_test "it reads through the passed file into the passed registration" _expect_eq read OK "$(kv "$out" receiver_read_passed)"
-_test "it cannot write through the passed read-only file (EBADF)" _expect_eq write EBADF "$(kv "$out" receiver_write_passed_ro)"
+_test "the passed device file refuses it a READ into the sender's registration (EXDEV)" _expect_eq read EXDEV "$(kv "$out" receiver_read_passed)"
+_test "and a WRITE, before any check of the passed read-only file (EXDEV)" _expect_eq write EXDEV "$(kv "$out" receiver_write_passed_ro)"
 _test "the handle means nothing on its own open file (EPERM)" _expect_eq own EPERM "$(kv "$out" receiver_handle_on_own_open)"
 
 ktap_finished

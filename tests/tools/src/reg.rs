@@ -22,10 +22,13 @@
 //!                                  `ready pid=PID`, and sleep until killed
 //!   stress THREADS CYCLES PEER     register/query/unregister loops on host and egpu memory
 //!   egpu-info                      the emulated GPU's allocations, mappings and callbacks
-//!   opener-charge UID GID SIZE     the device opened here (root), then a forked child that
-//!                                  became UID (group GID) registers SIZE bytes of its own GPU
-//!                                  memory through the inherited file: the user pinned bytes
-//!                                  that file reports (the opener's), and a file of its own
+//!   opener-charge UID GID SIZE     the device opened as root, then the process becomes UID
+//!                                  (group GID) and registers SIZE bytes of GPU memory through
+//!                                  that file: the user pinned bytes that file reports (the
+//!                                  opener's), and a file it opens as UID
+//!   other-mm DEV                   a device file used by a forked child and by an exec'd
+//!                                  program: every command from each (`fork_*=`, `exec_*=`
+//!                                  lines), and the opener's reads of DEV before and after
 //!   pin-race SECONDS               REGISTERs racing for max_pinned_bytes: a competitor that
 //!                                  must be refused while a holder keeps half of it, and lengths
 //!                                  that wrap the module's total (see the function)
@@ -118,6 +121,17 @@ fn main() -> ExitCode {
         (Some("limits"), _) => limits(),
         (Some("opener-charge"), _) => match (num(1), num(2), num(3)) {
             (Some(uid), Some(gid), Some(size)) => opener_charge(uid as u32, gid as u32, size),
+            _ => return usage(),
+        },
+        (Some("other-mm"), _) => match arg(1) {
+            Some(dev) => other_mm(dev),
+            _ => return usage(),
+        },
+        (Some("other-mm-exec"), _) => match (num(1), num(2), num(3), num(4)) {
+            (Some(fd), Some(handle), Some(data_fd), Some(len)) => {
+                every_command("exec", fd as i32, handle, data_fd as i32, len);
+                Ok(())
+            }
             _ => return usage(),
         },
         (Some("pin-race"), _) => match num(1) {
@@ -1142,53 +1156,30 @@ fn egpu_free_kept(va: u64) -> gdirect::Result<()> {
     Ok(())
 }
 
-/// A registration through a file opened by another user (here, before a `fork` and `setuid`):
-/// whose account it is charged to, by the `GET_INFO` of that file and of one the child opens.
+/// A registration through a file the process opened as root before it became `uid` (group
+/// `gid`): whose account it is charged to, by the `GET_INFO` of that file and of one it opens
+/// as the user.
 fn opener_charge(uid: u32, gid: u32, size: u64) -> gdirect::Result<()> {
-    let inherited = Driver::open()?;
-    // SAFETY: this program has no other thread; the child only makes syscalls and prints.
-    match unsafe { nix::unistd::fork() } {
-        Err(_) => Err(Error::Worker { what: "fork" }),
-        Ok(nix::unistd::ForkResult::Parent { child }) => {
-            let _ = nix::sys::wait::waitpid(child, None);
-            Ok(())
-        }
-        Ok(nix::unistd::ForkResult::Child) => {
-            let groups = [gid];
-            // SAFETY: plain syscalls; `groups` outlives the call.
-            let dropped = unsafe {
-                nix::libc::setgroups(1, groups.as_ptr()) == 0
-                    && nix::libc::setgid(gid) == 0
-                    && nix::libc::setuid(uid) == 0
-            };
-            let code = match opener_charge_child(&inherited, dropped, size) {
-                Ok(()) => 0,
-                Err(e) => {
-                    println!("FAIL: {e}");
-                    1
-                }
-            };
-            use std::io::Write as _;
-            let _ = std::io::stdout().flush();
-            // SAFETY: leaves the forked child without running the parent's destructors twice.
-            unsafe { nix::libc::_exit(code) }
-        }
-    }
-}
-
-fn opener_charge_child(inherited: &Driver, dropped: bool, size: u64) -> gdirect::Result<()> {
+    let opened_as_root = Driver::open()?;
+    let groups = [gid];
+    // SAFETY: plain syscalls; `groups` outlives the call; this program has no other thread.
+    let dropped = unsafe {
+        nix::libc::setgroups(1, groups.as_ptr()) == 0
+            && nix::libc::setgid(gid) == 0
+            && nix::libc::setuid(uid) == 0
+    };
     if !dropped {
         return Err(Error::Worker {
             what: "cannot drop privileges",
         });
     }
     let alloc = Egpu::open()?.alloc(size)?;
-    let reg = inherited.register(&alloc)?;
+    let reg = opened_as_root.register(&alloc)?;
     let own = Driver::open()?;
     println!(
-        "child_uid={} register=OK opener_file_user_pinned_bytes={} own_file_user_pinned_bytes={}",
+        "uid={} register=OK opener_file_user_pinned_bytes={} own_file_user_pinned_bytes={}",
         nix::unistd::getuid(),
-        inherited.info()?.user_pinned_bytes,
+        opened_as_root.info()?.user_pinned_bytes,
         own.info()?.user_pinned_bytes
     );
     drop(reg);
@@ -1670,5 +1661,161 @@ fn bar1_share(size: u64) -> gdirect::Result<()> {
     println!("after_one_put bar1_used={}", gpu.info()?.bar1_used);
     drop(first);
     println!("after_both bar1_used={}", gpu.info()?.bar1_used);
+    Ok(())
+}
+
+/// Every command of the ABI, with its name, for a process that holds a device file it did not
+/// open.
+const ALL_COMMANDS: [(&str, u32); 11] = [
+    ("GET_INFO", raw::GDIRECT_IOC_GET_INFO),
+    ("REGISTER", raw::GDIRECT_IOC_REGISTER),
+    ("UNREGISTER", raw::GDIRECT_IOC_UNREGISTER),
+    ("QUERY", raw::GDIRECT_IOC_QUERY),
+    ("READ", raw::GDIRECT_IOC_READ),
+    ("WRITE", raw::GDIRECT_IOC_WRITE),
+    ("SUBMIT", raw::GDIRECT_IOC_SUBMIT),
+    ("REAP", raw::GDIRECT_IOC_REAP),
+    ("SET_EVENTFD", raw::GDIRECT_IOC_SET_EVENTFD),
+    ("GET_STATS", raw::GDIRECT_IOC_GET_STATS),
+    ("PEER_CHECK", raw::GDIRECT_IOC_PEER_CHECK),
+];
+
+/// Sends every command on `fd` from this process, then a READ of `len` bytes of `data_fd` into
+/// the registration `handle` and an UNREGISTER of it: prints `WHO_COMMAND=ERRNO` for each (OK where one succeeded) and
+/// `WHO_all=ERRNO` when they all gave the same answer.
+fn every_command(who: &str, fd: i32, handle: u64, data_fd: i32, len: u64) {
+    let mut outcomes = Vec::new();
+    for (name, code) in ALL_COMMANDS {
+        // Zeroed and larger than any argument struct of the ABI.
+        let mut zeroed = [0u64; 64];
+        // SAFETY: the command reads and writes at most its struct's size (< 512 bytes) at the
+        // pointer, which `zeroed` covers; the module keeps no pointer.
+        let r = unsafe { nix::libc::ioctl(fd, code as _, zeroed.as_mut_ptr()) };
+        outcomes.push((name.to_string(), errno_of(r)));
+    }
+    let mut read = raw::gdirect_io_args {
+        handle,
+        len,
+        fd: data_fd,
+        ..Default::default()
+    };
+    // SAFETY: a valid argument struct for the command; the module keeps no pointer.
+    let r = unsafe { nix::libc::ioctl(fd, raw::GDIRECT_IOC_READ as _, &mut read) };
+    outcomes.push(("READ_handle".into(), errno_of(r)));
+    let mut unregister = raw::gdirect_unregister_args {
+        handle,
+        ..Default::default()
+    };
+    // SAFETY: as above.
+    let r = unsafe { nix::libc::ioctl(fd, raw::GDIRECT_IOC_UNREGISTER as _, &mut unregister) };
+    outcomes.push(("UNREGISTER_handle".into(), errno_of(r)));
+    let first = outcomes[0].1.clone();
+    let same = outcomes.iter().all(|(_, e)| *e == first);
+    let list: Vec<String> = outcomes
+        .iter()
+        .map(|(n, e)| format!("{who}_{n}={e}"))
+        .collect();
+    println!("{}", list.join(" "));
+    println!("{who}_all={}", if same { first } else { "mixed".into() });
+}
+
+fn errno_of(r: i32) -> String {
+    if r == 0 {
+        "OK".into()
+    } else {
+        format!("{:?}", Errno::last())
+    }
+}
+
+/// A device file used from other address spaces than the one that opened it: a child after
+/// `fork` and a program after `exec` send every command on it (each must get `EXDEV`), while
+/// the opener's registration of host memory reads DEV right before and after (compared with a
+/// buffered read of DEV) and stays the opener's alone.
+fn other_mm(dev: &str) -> gdirect::Result<()> {
+    const LEN: usize = 1 << 16;
+    let driver = Driver::open()?;
+    let buf = HostBuffer::new(LEN)?;
+    let reg = driver.register(&buf)?;
+    let data = gdirect::File::open_direct(dev)?;
+    let mut want = vec![0u8; LEN];
+    File::open(dev)
+        .and_then(|mut f| f.read_exact(&mut want))
+        .map_err(|_| Error::Worker {
+            what: "cannot read DEV",
+        })?;
+    let opener_reads = |buf: &HostBuffer, when: &str| -> gdirect::Result<()> {
+        // SAFETY: `buf` is LEN bytes and no transfer into it is running (each is synchronous).
+        unsafe { std::ptr::write_bytes(buf.as_ptr(), 0xa5, LEN) };
+        let t = data.read_into(&reg, 0, 0, LEN as u64)?;
+        let mut got = vec![0u8; LEN];
+        buf.read(0, &mut got);
+        check(
+            &format!("the opener's read {when}"),
+            got == want && t.bytes == LEN as u64,
+            || {
+                format!(
+                    "{} bytes, {} differ",
+                    t.bytes,
+                    got.iter().zip(&want).filter(|(a, b)| a != b).count()
+                )
+            },
+        );
+        println!("opener_read_{when}=OK");
+        Ok(())
+    };
+    opener_reads(&buf, "before")?;
+    let (fd, handle) = (driver.as_raw_fd(), reg.handle());
+    let data_fd = std::os::fd::AsFd::as_fd(&data).as_raw_fd();
+
+    // SAFETY: this program has no other thread; the child only makes syscalls and prints.
+    match unsafe { nix::unistd::fork() } {
+        Err(_) => return Err(Error::Worker { what: "fork" }),
+        Ok(nix::unistd::ForkResult::Child) => {
+            every_command("fork", fd, handle, data_fd, LEN as u64);
+            use std::io::Write as _;
+            let _ = std::io::stdout().flush();
+            // SAFETY: leaves the forked child without running the parent's destructors.
+            unsafe { nix::libc::_exit(0) }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            let _ = nix::sys::wait::waitpid(child, None);
+        }
+    }
+
+    // The same descriptors across exec (O_CLOEXEC cleared for the spawn).
+    let inherit = |fd: i32, on: bool| {
+        let flags = if on { 0 } else { nix::libc::FD_CLOEXEC };
+        // SAFETY: F_SETFD on a descriptor this function holds open; no memory is passed.
+        match unsafe { nix::libc::fcntl(fd, nix::libc::F_SETFD, flags) } {
+            0 => Ok(()),
+            _ => Err(()),
+        }
+    };
+    let exe = std::env::current_exe().map_err(|_| Error::Worker {
+        what: "no executable path",
+    })?;
+    if inherit(fd, true).is_err() || inherit(data_fd, true).is_err() {
+        return Err(Error::Worker { what: "fcntl" });
+    }
+    let status = std::process::Command::new(exe)
+        .args([
+            "other-mm-exec",
+            &fd.to_string(),
+            &handle.to_string(),
+            &data_fd.to_string(),
+            &LEN.to_string(),
+        ])
+        .status();
+    let _ = (inherit(fd, false), inherit(data_fd, false));
+    if !status.is_ok_and(|s| s.success()) {
+        return Err(Error::Worker {
+            what: "the exec'd program failed",
+        });
+    }
+
+    opener_reads(&buf, "after")?;
+    let info = driver.info()?;
+    println!("opener_file_registrations={}", info.file_registrations);
+    drop(reg);
     Ok(())
 }

@@ -223,10 +223,20 @@ impl Driver {
     }
 
     pub(crate) fn ioctl_error(&self, ioctl: &'static str, errno: Errno) -> Error {
-        Error::Ioctl {
-            ioctl,
+        match errno {
+            Errno::EXDEV => self.other_process(),
+            errno => Error::Ioctl {
+                ioctl,
+                path: self.path.clone(),
+                errno,
+            },
+        }
+    }
+
+    /// The module's answer to a command from another address space than the opener's.
+    pub(crate) fn other_process(&self) -> Error {
+        Error::OtherProcess {
             path: self.path.clone(),
-            errno,
         }
     }
 }

@@ -57,6 +57,18 @@ pub enum Error {
         errno: Errno,
     },
 
+    /// The device file was opened by another process (another address space): the module takes
+    /// a file's commands only from the address space that opened it (`EXDEV`).
+    #[error(
+        "{path} was opened by another process: a gdirect device file serves only the address \
+         space that opened it, not a child after fork, a program after exec or a process it was \
+         passed to; open the device in this process"
+    )]
+    OtherProcess {
+        /// The device path.
+        path: PathBuf,
+    },
+
     /// The module speaks another version of the ABI than this library.
     #[error(
         "gdirect ABI mismatch: the module at {path} speaks ABI version {module}, this library \
@@ -440,6 +452,7 @@ impl Error {
             Self::NotGdirect { .. } => ErrorKind::NotGdirect,
             Self::VersionMismatch { .. } => ErrorKind::VersionMismatch,
             Self::Open { .. } => ErrorKind::Open,
+            Self::OtherProcess { .. } => ErrorKind::OtherProcess,
             Self::DeviceMissing { .. } => ErrorKind::DeviceMissing,
             Self::Allocation { .. } => ErrorKind::Allocation,
             Self::Misaligned { .. } => ErrorKind::Misaligned,
@@ -503,7 +516,7 @@ impl Error {
             Self::BadSetting { .. } => Some(Errno::EINVAL),
             Self::Cuda { .. } | Self::Worker { .. } => None,
             Self::CompatModeOff { .. } => Some(Errno::EOPNOTSUPP),
-            Self::WrongDevice { .. } => Some(Errno::EXDEV),
+            Self::WrongDevice { .. } | Self::OtherProcess { .. } => Some(Errno::EXDEV),
             Self::StaleBuffer { .. } => Some(Errno::ESTALE),
             Self::NotDirect { .. } => Some(Errno::EBADFD),
             Self::BadFile { .. } => Some(Errno::EBADF),
@@ -588,6 +601,8 @@ pub enum ErrorKind {
     VersionMismatch,
     /// Opening the device failed ([`Error::Open`]).
     Open,
+    /// The device file was opened by another process ([`Error::OtherProcess`]).
+    OtherProcess,
     /// A device node the operation needs is missing ([`Error::DeviceMissing`]).
     DeviceMissing,
     /// Memory could not be allocated ([`Error::Allocation`]).
@@ -669,6 +684,7 @@ impl ErrorKind {
             Self::NotGdirect => "not_gdirect",
             Self::VersionMismatch => "version_mismatch",
             Self::Open => "open",
+            Self::OtherProcess => "other_process",
             Self::DeviceMissing => "device_missing",
             Self::Allocation => "allocation",
             Self::Misaligned => "misaligned",

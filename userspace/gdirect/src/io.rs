@@ -618,6 +618,7 @@ fn io_error(
         Errno::EBADF => Error::BadFile {
             path: path.to_path_buf(),
         },
+        Errno::EXDEV => driver.other_process(),
         errno => Error::Io {
             ioctl,
             path: path.to_path_buf(),
@@ -837,6 +838,7 @@ impl Driver {
         match unsafe { sys::submit(self.as_raw_fd(), &mut args) } {
             Ok(_) => Ok(args.submitted as usize),
             Err(Errno::EAGAIN) => Ok(0),
+            Err(Errno::EXDEV) => Err(self.other_process()),
             Err(errno) => Err(Error::Submit {
                 index: start + args.submitted as usize,
                 errno,
