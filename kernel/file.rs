@@ -68,6 +68,7 @@ use crate::{
     },
     memlock::{
         self,
+        LockedVmUser,
         MemlockCharge, //
     },
     provider,
@@ -119,6 +120,9 @@ pub(crate) struct GdirectFile {
     /// (`mmgrab`) so that no other address space can be allocated at its address meanwhile.
     /// `None` for a file opened without one (by the kernel itself): no command is taken.
     mm: Option<ARef<Mm>>,
+    /// The opener's user, whose `locked_vm` host registrations are charged to; `None` for an
+    /// opener with `CAP_IPC_LOCK`.
+    locked_vm_user: Option<Arc<LockedVmUser>>,
     counters: Arc<FileCounters>,
     batches: Arc<Batches>,
 }
@@ -190,6 +194,7 @@ impl MiscDevice for GdirectFile {
                 cookie,
                 opener: users::opener(),
                 mm: memlock::current_mm(),
+                locked_vm_user: LockedVmUser::opener()?,
                 counters: FileCounters::new()?,
                 batches: Batches::new()?,
             }),
@@ -362,7 +367,12 @@ impl GdirectFile {
         let user = UserCharge::new(self.opener, args.len)?;
         let reservation = Reservation::new(&self.counters, args.len)?;
         let memlock = match args.provider {
-            uapi::PROVIDER_HOST => MemlockCharge::new(args.len / provider::PAGE_SIZE)?,
+            uapi::PROVIDER_HOST => {
+                // The dispatcher let only the opener's address space in.
+                let mm = self.mm.as_ref().ok_or(EXDEV)?;
+                let pages = args.len / provider::PAGE_SIZE;
+                Some(MemlockCharge::new(self.locked_vm_user.as_ref(), mm, pages)?)
+            }
             _ => None,
         };
         let shared = RegShared::new()?;

@@ -18,6 +18,7 @@
 #include <linux/pci-p2pdma.h>
 #include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
+#include <linux/sched/user.h>
 #include <linux/workqueue.h>
 #include <net/route.h>
 
@@ -93,6 +94,28 @@ bool gdirect_fatal_signal_pending(void);
 bool gdirect_fatal_signal_pending(void)
 {
 	return fatal_signal_pending(current);
+}
+
+/* get_current_user() is a macro; the result is a struct user_struct *. */
+void *gdirect_get_current_user(void);
+void *gdirect_get_current_user(void)
+{
+	return get_current_user();
+}
+
+/* locked_vm of a user: atomic_long_read() and atomic_long_try_cmpxchg() are inline. */
+/* user: struct user_struct * */
+long gdirect_user_locked_vm(void *user);
+long gdirect_user_locked_vm(void *user)
+{
+	return atomic_long_read(&((struct user_struct *)user)->locked_vm);
+}
+
+/* user: struct user_struct * */
+bool gdirect_user_locked_vm_try_cmpxchg(void *user, long *old, long new);
+bool gdirect_user_locked_vm_try_cmpxchg(void *user, long *old, long new)
+{
+	return atomic_long_try_cmpxchg(&((struct user_struct *)user)->locked_vm, old, new);
 }
 
 /* rlimit() is inline. */

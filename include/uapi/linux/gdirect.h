@@ -45,7 +45,8 @@
  * cannot reach another's memory through a descriptor it inherited or was
  * passed (a forked child would otherwise read into the parent's pinned pages,
  * not its own copies of them). Host memory pinned by REGISTER counts against
- * the caller's RLIMIT_MEMLOCK (see ENOMEM below).
+ * the RLIMIT_MEMLOCK of the user that opened the file for as long as it stays
+ * pinned (see ENOMEM below).
  *
  * open(2) of the device fails with ENODEV while the module is being unloaded.
  * Every open file holds a reference on the module, and so does every batched
@@ -203,9 +204,11 @@ struct gdirect_info_args {
  *                  device open may ask for the map type and the counts
  *                  (max_entries = 0), which map nothing.
  *  ENOMEM          out of memory; or, for the host provider, pinning len more
- *                  bytes would take the caller past RLIMIT_MEMLOCK (host pages
- *                  count in the process's pinned_vm, as RDMA registrations do;
- *                  CAP_IPC_LOCK lifts the limit). Device memory is not charged.
+ *                  bytes would take the user that opened the file past the
+ *                  caller's RLIMIT_MEMLOCK (host pages count in the user's
+ *                  locked_vm until unpinned, as io_uring's registered buffers
+ *                  do, and in the process's pinned_vm; an opener with
+ *                  CAP_IPC_LOCK is not limited). Device memory is not charged.
  *                  For the nvidia provider, also: the GPU's BAR1 aperture is full
  *                  (nvidia_p2p_get_pages's -ENOMEM: every registration maps its
  *                  range into BAR1; GPUs whose BAR1 is smaller than their memory

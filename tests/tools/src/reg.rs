@@ -18,8 +18,12 @@
 //!                                  `register=OK` (with the user's pinned bytes) or
 //!                                  `register=ERRNO [egpu_mappings=N] kind=KIND error=MESSAGE`
 //!                                  (N: page tables the emulated GPU still holds then, its
-//!                                  memory still allocated); with hold, then
-//!                                  `ready pid=PID`, and sleep until killed
+//!                                  memory still allocated) and `vmpin_kb=N` (VmPin of
+//!                                  /proc/self/status); with hold, then `ready pid=PID`, and
+//!                                  sleep until killed; with hold-exec, the same after an exec
+//!                                  of `sleep` that keeps the device file open; with hold-exit,
+//!                                  a forked child keeps the file open and sleeps (PID: its) while
+//!                                  the registering process exits
 //!   stress THREADS CYCLES PEER     register/query/unregister loops on host and egpu memory
 //!   egpu-info                      the emulated GPU's allocations, mappings and callbacks
 //!   opener-charge UID GID SIZE     the device opened as root, then the process becomes UID
@@ -180,10 +184,14 @@ fn main() -> ExitCode {
             _ => return usage(),
         },
         (Some("pin"), _) => match (arg(1), num(2), arg(3)) {
-            (Some(kind @ ("host" | "egpu")), Some(size), how @ (None | Some("hold"))) => {
-                pin(kind, size, how.is_some(), false)
-            }
-            (Some("egpu"), Some(size), Some("persistent")) => pin("egpu", size, false, true),
+            (Some(kind @ ("host" | "egpu")), Some(size), how) => match how {
+                None => pin(kind, size, Hold::No, false),
+                Some("hold") => pin(kind, size, Hold::Sleep, false),
+                Some("hold-exec") => pin(kind, size, Hold::Exec, false),
+                Some("hold-exit") => pin(kind, size, Hold::Exit, false),
+                Some("persistent") if kind == "egpu" => pin(kind, size, Hold::No, true),
+                _ => return usage(),
+            },
             _ => return usage(),
         },
         (Some("memcg"), _) => match (num(1), num(2)) {
@@ -1359,7 +1367,31 @@ fn hold(p2p_dev: PciAddress) -> gdirect::Result<()> {
     }
 }
 
-fn pin(kind: &str, size: u64, hold: bool, persistent: bool) -> gdirect::Result<()> {
+/// What `pin` does with its registration once made.
+enum Hold {
+    /// Ends it.
+    No,
+    /// Keeps it, sleeping until killed.
+    Sleep,
+    /// Keeps the device file open across an exec of `sleep`.
+    Exec,
+    /// Leaves the device file to a forked child that sleeps, and exits.
+    Exit,
+}
+
+/// `VmPin` of /proc/self/status, in KiB: the kernel's count of this address space's pins.
+fn vmpin_kb() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmPin:"))
+                .map(|v| v.trim().trim_end_matches(" kB").to_string())
+        })
+        .unwrap_or_else(|| "none".into())
+}
+
+fn pin(kind: &str, size: u64, hold: Hold, persistent: bool) -> gdirect::Result<()> {
     let driver = Driver::open()?;
     let gpu = (kind != "host").then(Egpu::open).transpose()?;
     let mem: Box<dyn DeviceMemory> = match &gpu {
@@ -1387,16 +1419,45 @@ fn pin(kind: &str, size: u64, hold: bool, persistent: bool) -> gdirect::Result<(
     };
     let info = driver.info()?;
     println!(
-        "register=OK user_pinned_bytes={} max_pinned_bytes_per_user={}",
-        info.user_pinned_bytes, info.max_pinned_bytes_per_user
+        "register=OK user_pinned_bytes={} max_pinned_bytes_per_user={} vmpin_kb={}",
+        info.user_pinned_bytes,
+        info.max_pinned_bytes_per_user,
+        vmpin_kb()
     );
-    if hold {
-        println!("ready pid={}", std::process::id());
-        loop {
-            std::thread::sleep(std::time::Duration::from_secs(3600));
+    let sleep = || loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    };
+    match hold {
+        Hold::No => drop(reg),
+        Hold::Sleep => {
+            println!("ready pid={}", std::process::id());
+            sleep()
+        }
+        Hold::Exec => {
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: F_SETFD on the descriptor `driver` holds open; no memory is passed.
+            if unsafe { nix::libc::fcntl(driver.as_raw_fd(), nix::libc::F_SETFD, 0) } != 0 {
+                return Err(Error::Worker { what: "fcntl" });
+            }
+            println!("ready pid={}", std::process::id());
+            let e = std::process::Command::new("sleep").arg("3600").exec();
+            println!("exec: {e}");
+            return Err(Error::Worker { what: "exec sleep" });
+        }
+        Hold::Exit => {
+            // SAFETY: this program has no other thread; the child only sleeps.
+            match unsafe { nix::unistd::fork() } {
+                Err(_) => return Err(Error::Worker { what: "fork" }),
+                Ok(nix::unistd::ForkResult::Child) => sleep(),
+                Ok(nix::unistd::ForkResult::Parent { child }) => {
+                    println!("ready pid={child}");
+                    // Nothing ended here: the registration lives on in the child's file.
+                    std::mem::forget(reg);
+                    std::mem::forget(driver);
+                }
+            }
         }
     }
-    drop(reg);
     Ok(())
 }
 
