@@ -362,21 +362,32 @@ impl GdirectFile {
         if args.addr % align != 0 || args.len % align != 0 {
             return Err(ERANGE);
         }
-        // The user's own limit first: a user at it is refused without touching the module's
-        // total, which other users' registrations are checked against meanwhile.
-        let user = UserCharge::new(self.opener, args.len)?;
-        let reservation = Reservation::new(&self.counters, args.len)?;
-        let memlock = match args.provider {
-            uapi::PROVIDER_HOST => {
-                // The dispatcher let only the opener's address space in.
-                let mm = self.mm.as_ref().ok_or(EXDEV)?;
-                let pages = args.len / provider::PAGE_SIZE;
-                Some(MemlockCharge::new(self.locked_vm_user.as_ref(), mm, pages)?)
-            }
-            _ => None,
-        };
         let shared = RegShared::new()?;
-        let pinned = provider::pin(args.provider, args.addr, args.len, args.flags, &shared)?;
+        // Taken right before the pin, after any wait of the provider's (see `provider::pin`).
+        let reserve = || {
+            // The user's own limit first: a user at it is refused without touching the
+            // module's total, which other users' registrations are checked against meanwhile.
+            let user = UserCharge::new(self.opener, args.len)?;
+            let reservation = Reservation::new(&self.counters, args.len)?;
+            let memlock = match args.provider {
+                uapi::PROVIDER_HOST => {
+                    // The dispatcher let only the opener's address space in.
+                    let mm = self.mm.as_ref().ok_or(EXDEV)?;
+                    let pages = args.len / provider::PAGE_SIZE;
+                    Some(MemlockCharge::new(self.locked_vm_user.as_ref(), mm, pages)?)
+                }
+                _ => None,
+            };
+            Ok((user, reservation, memlock))
+        };
+        let (pinned, (user, reservation, memlock)) = provider::pin(
+            args.provider,
+            args.addr,
+            args.len,
+            args.flags,
+            &shared,
+            reserve,
+        )?;
         let page_size = pinned.page_size;
         let page_count = pinned.page_count;
         let reg = Registration {

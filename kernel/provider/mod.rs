@@ -236,22 +236,32 @@ pub(crate) fn available(provider: u32) -> bool {
     }
 }
 
-/// Pins a validated range of a provider's memory.
-pub(crate) fn pin(
+/// Pins a validated range of a provider's memory, after `reserve` has taken the limits' share
+/// of it (given back, by its drop, when the pin fails). `reserve` runs right before the pin,
+/// after any wait of the provider's own (nvidia's `GET_PUT`), so that a caller waiting there
+/// holds no share of a limit that another user could be refused for meanwhile.
+pub(crate) fn pin<R>(
     provider: u32,
     addr: u64,
     len: u64,
     flags: u32,
     shared: &Arc<RegShared>,
-) -> Result<PinResult> {
+    reserve: impl FnOnce() -> Result<R>,
+) -> Result<(PinResult, R)> {
     let persistent = flags & uapi::REGISTER_PERSISTENT != 0;
     if persistent && provider != uapi::PROVIDER_NVIDIA {
         return Err(EINVAL);
     }
     match provider {
-        uapi::PROVIDER_HOST => host::pin(addr, len),
-        uapi::PROVIDER_P2PDMA => p2pdma::pin(addr, len),
-        uapi::PROVIDER_NVIDIA => nvidia::pin(addr, len, persistent, shared),
+        uapi::PROVIDER_HOST => {
+            let reserved = reserve()?;
+            Ok((host::pin(addr, len)?, reserved))
+        }
+        uapi::PROVIDER_P2PDMA => {
+            let reserved = reserve()?;
+            Ok((p2pdma::pin(addr, len)?, reserved))
+        }
+        uapi::PROVIDER_NVIDIA => nvidia::pin(addr, len, persistent, shared, reserve),
         _ => Err(error::unknown_provider()),
     }
 }

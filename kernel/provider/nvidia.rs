@@ -297,19 +297,24 @@ fn get_pages_error(ret: i32) -> Error {
     }
 }
 
-/// Pins the GPU memory at GPU virtual address `va`.
-pub(crate) fn pin(
+/// Pins the GPU memory at GPU virtual address `va`, with `reserve`'s share of the limits taken
+/// once `GET_PUT` is ours (a put that holds it may wait for a free's callback, which waits for
+/// every transfer on the freed memory: nothing is reserved while this one waits behind it).
+pub(crate) fn pin<R>(
     va: u64,
     len: u64,
     persistent: bool,
     shared: &Arc<RegShared>,
-) -> Result<PinResult> {
+    reserve: impl FnOnce() -> Result<R>,
+) -> Result<(PinResult, R)> {
     let nv = NvP2p::get()?;
     // Taken before the pages: a task that is exiting may have no thread group left.
     let pinner = ThreadGroup::current().ok_or(ESRCH)?;
     let mut table: *mut nv_p2p::PageTable = core::ptr::null_mut();
     let mut callback_ref = None;
     let get_put = GET_PUT.lock();
+    // Given back by its drop on every failure below, after the pages.
+    let reserved = reserve()?;
     let ret = if persistent {
         // SAFETY: `table` is a valid location for the result.
         unsafe { (nv.get_pages_persistent)(va, len, &mut table, 0) }
@@ -395,12 +400,13 @@ pub(crate) fn pin(
     }
     let page_count = u64::from(t.entries);
     drop(_use);
-    Ok(PinResult {
+    let pinned = PinResult {
         pinned: Pinned::Nvidia(pages),
         owner: Some(owner),
         page_size,
         page_count,
-    })
+    };
+    Ok((pinned, reserved))
 }
 
 impl NvidiaPages {

@@ -36,6 +36,10 @@
 //!   pin-race SECONDS               REGISTERs racing for max_pinned_bytes: a competitor that
 //!                                  must be refused while a holder keeps half of it, and lengths
 //!                                  that wrap the module's total (see the function)
+//!   pin-wait                       a REGISTER of GPU memory waiting behind a put that
+//!                                  waits in a free's window, and meanwhile a host REGISTER
+//!                                  that fits only if the waiting one holds no share of
+//!                                  max_pinned_bytes (see the function)
 //!   egpu-free-kept VA              free a kept allocation (GDIRECT_EGPU_KEEP=1 gdirect read)
 //!   bar1-share SIZE                two registrations of one allocation of SIZE bytes: both
 //!                                  outcomes and the emulated GPU's BAR1 use with both held
@@ -138,6 +142,7 @@ fn main() -> ExitCode {
             }
             _ => return usage(),
         },
+        (Some("pin-wait"), _) => pin_wait(),
         (Some("pin-race"), _) => match num(1) {
             Some(seconds @ 1..=60) => pin_race(seconds),
             _ => return usage(),
@@ -1200,6 +1205,70 @@ fn opener_charge(uid: u32, gid: u32, size: u64) -> gdirect::Result<()> {
 /// past 2^64 back to 0 (each must be refused too). A reservation that added before it checked
 /// would, for an instant, show the competitor a total of 0. Then the holder lets go and the
 /// competitor's next try succeeds (it could succeed; the limit was what stopped it).
+/// A REGISTER of GPU memory that waits for nvidia's `GET_PUT` (held by an UNREGISTER whose
+/// put_pages waits in a free's window, the emulated driver holding its lock for 800 ms) holds
+/// no share of `max_pinned_bytes` while it waits: a host REGISTER of just over half the limit,
+/// which fits only then, is accepted meanwhile (`host_during_wait=OK`, with
+/// `waiting_then=yes`: the GPU one had not returned); the GPU one, of as much, then gets
+/// `EDQUOT` (`gpu_after_wait=`).
+fn pin_wait() -> gdirect::Result<()> {
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let max = driver.info()?.max_pinned_bytes;
+    let over_half = (max / 2 / EGPU_PAGE + 1) * EGPU_PAGE;
+    let small = gpu.alloc(16 * EGPU_PAGE)?;
+    let va = small.va();
+    let reg = driver.register(&small)?;
+    let big = gpu.alloc(over_half)?;
+    let host = HostBuffer::new(over_half as usize)?;
+    let mapped = gpu.info()?.mappings;
+    let g = gpu.clone();
+    let freer = std::thread::spawn(move || g.free_va_delayed(va, Duration::from_millis(800)));
+    wait_for_unlink(&gpu, mapped)?;
+    let returned = std::sync::atomic::AtomicBool::new(false);
+    let outcome = |r: &gdirect::Result<gdirect::Registration<'_>>| {
+        r.as_ref()
+            .err()
+            .and_then(|e| e.errno())
+            .map_or("OK".to_string(), |e| format!("{e:?}"))
+    };
+    std::thread::scope(|s| {
+        // Takes GET_PUT, then blocks in put_pages until the free's callback has run.
+        let putter = s.spawn(|| reg.unregister());
+        std::thread::sleep(Duration::from_millis(50));
+        let waiter = s.spawn(|| {
+            let r = outcome(&driver.register(&big));
+            returned.store(true, Ordering::SeqCst);
+            r
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        // Kept until the waiting one has its answer.
+        let host_reg = driver.register(&host);
+        let waiting = !returned.load(Ordering::SeqCst);
+        let host_r = outcome(&host_reg);
+        let gpu_r = waiter
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        let put = putter
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        check("the unregister in the window", put.is_ok(), || {
+            format!("{put:?}")
+        });
+        drop(host_reg);
+        println!(
+            "host_during_wait={host_r} waiting_then={} gpu_after_wait={gpu_r}",
+            if waiting { "yes" } else { "no" }
+        );
+    });
+    let freed = freer
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p));
+    check("the free", freed.is_ok(), || format!("{freed:?}"));
+    drop(small);
+    Ok(())
+}
+
 fn pin_race(seconds: u64) -> gdirect::Result<()> {
     let driver = Driver::open()?;
     let max = driver.info()?.max_pinned_bytes;
