@@ -2,8 +2,10 @@
 # SPDX-License-Identifier: GPL-2.0
 #
 # The GPU driver goes away under live registrations: the emulated GPU's PCI
-# driver is unbound while a batch of 48 reads into its memory is in flight (from
-# the namespace QEMU throttles to 32 MB/s, so they stay in flight), as
+# driver is unbound while a batch of 128 reads of 1 MiB into its memory is in
+# flight (from the namespace QEMU throttles to 32 MB/s, so they stay in flight
+# for about 4 s: 48 of them, 1.5 s, were over before a debug kernel under TCG
+# had started the unbind), as
 # nvidia.ko's teardown frees every allocation and calls each client's free
 # callback. The unbind returns within a bound, every read ends whole or with
 # EKEYREVOKED, nothing stays registered or pinned, and after binding the driver
@@ -31,7 +33,7 @@ bdf=$(_gpu_bdf)
 ktap_print_header
 ktap_set_plan 8
 
-gdirect-io inflight "$slow" 48 >/tmp/unbind-live.out 2>&1 &
+gdirect-io inflight "$slow" 128 >/tmp/unbind-live.out 2>&1 &
 pid=$!
 _test "a batch of reads into GPU memory is in flight" _wait_active_transfer
 in_flight=$(sed -n 's/^active_transfers //p' /sys/kernel/debug/gdirect/counters)

@@ -19,7 +19,8 @@
 //!   queue-exit DEV COUNT          COUNT batched 1 MiB reads of DEV into kept GPU memory, then
 //!                                 exit at once with them queued (never reaped): prints `va=`,
 //!                                 the memory to free later, and `submitted=`
-//!   inflight DEV COUNT            COUNT batched 1 MiB reads into GPU memory, all reaped: how many
+//!   inflight DEV COUNT            COUNT batched 1 MiB reads of the first 48 MiB of DEV (in turn)
+//!                                 into GPU memory, all reaped: how many
 //!                                 completed and with which errno, and how long it took
 //!   faults COUNT SEED DEV         COUNT random reads of DEV into GPU memory (synchronous or in
 //!                                 batches, P2P or bounced) while faults may be injected: each
@@ -919,7 +920,9 @@ fn inflight(dev: &str, count: u64) -> gdirect::Result<()> {
     let file = File::open_direct(dev)?;
     let mut b = Batch::new();
     for i in 0..count {
-        b.read(&file, &reg, i * LEN, i * LEN, LEN, i);
+        // The first 48 MiB of DEV over and over: more reads than DEV holds keep the batch in
+        // flight longer (the rig's throttled namespace has 64 MiB).
+        b.read(&file, &reg, i * LEN, i % 48 * LEN, LEN, i);
     }
     let start = std::time::Instant::now();
     let (mut submitted, mut reaped) = (0usize, 0usize);
