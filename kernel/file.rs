@@ -114,8 +114,9 @@ pub(crate) struct GdirectFile {
     #[pin]
     next_index: Mutex<u32>,
     cookie: u32,
-    /// The user that opened the file, whose per-user limit its registrations count against.
-    opener: users::Uid,
+    /// The user that opened the file (and the owners of its user namespaces), whose per-user
+    /// limit its registrations count against.
+    opener: users::Opener,
     /// The address space that opened the file, the only one its commands are taken from; held
     /// (`mmgrab`) so that no other address space can be allocated at its address meanwhile.
     /// `None` for a file opened without one (by the kernel itself): no command is taken.
@@ -192,7 +193,7 @@ impl MiscDevice for GdirectFile {
                 regs <- XArray::new(AllocKind::Alloc1),
                 next_index <- new_mutex!(1, "GdirectFile::next_index"),
                 cookie,
-                opener: users::opener(),
+                opener: users::opener()?,
                 mm: memlock::current_mm(),
                 locked_vm_user: LockedVmUser::opener()?,
                 counters: FileCounters::new()?,
@@ -329,7 +330,7 @@ impl GdirectFile {
             revocations: stats::REVOCATIONS.load(Relaxed),
             max_pinned_bytes,
             max_registrations,
-            user_pinned_bytes: users::bytes_of(self.opener),
+            user_pinned_bytes: users::bytes_of(&self.opener),
             max_pinned_bytes_per_user: crate::max_pinned_bytes_per_user(),
             ..InfoArgs::default()
         };
@@ -367,7 +368,7 @@ impl GdirectFile {
         let reserve = || {
             // The user's own limit first: a user at it is refused without touching the
             // module's total, which other users' registrations are checked against meanwhile.
-            let user = UserCharge::new(self.opener, args.len)?;
+            let user = UserCharge::new(&self.opener, args.len)?;
             let reservation = Reservation::new(&self.counters, args.len)?;
             let memlock = match args.provider {
                 uapi::PROVIDER_HOST => {

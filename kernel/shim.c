@@ -19,6 +19,7 @@
 #include <linux/sched/mm.h>
 #include <linux/sched/signal.h>
 #include <linux/sched/user.h>
+#include <linux/user_namespace.h>
 #include <linux/workqueue.h>
 #include <net/route.h>
 
@@ -116,6 +117,31 @@ bool gdirect_user_locked_vm_try_cmpxchg(void *user, long *old, long new);
 bool gdirect_user_locked_vm_try_cmpxchg(void *user, long *old, long new)
 {
 	return atomic_long_try_cmpxchg(&((struct user_struct *)user)->locked_vm, old, new);
+}
+
+/* current_user_ns() is inline; the result is a struct user_namespace *. */
+void *gdirect_current_user_ns(void);
+void *gdirect_current_user_ns(void)
+{
+	return current_user_ns();
+}
+
+/*
+ * The parent and the owner (its uid in the initial namespace) of a user
+ * namespace: fields, read in C for the reason gdirect_current_mm gives.
+ * ns: struct user_namespace *
+ */
+void *gdirect_user_ns_parent(void *ns);
+void *gdirect_user_ns_parent(void *ns)
+{
+	return ((struct user_namespace *)ns)->parent;
+}
+
+/* ns: struct user_namespace * */
+u32 gdirect_user_ns_owner(void *ns);
+u32 gdirect_user_ns_owner(void *ns)
+{
+	return from_kuid(&init_user_ns, ((struct user_namespace *)ns)->owner);
 }
 
 /* rlimit() is inline. */

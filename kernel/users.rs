@@ -9,12 +9,22 @@
 //! that changed its uid after it opened the file registers on the account it opened it with.
 //! (Only the opening address space may use a file at all: see `file`.)
 //!
+//! A user namespace's uids count against the user that made the namespace too, and so on up to
+//! the initial namespace, as the kernel's own `RLIMIT_MEMLOCK` accounting (ucounts) goes: a
+//! registration is charged to the opener's uid and to the owner of each user namespace the opener
+//! runs in (each once), and is refused when any of them would pass the limit. So the 65536
+//! subordinate uids a user maps in a container share that user's limit, and a container whose
+//! namespace root made counts against root's.
+//!
 //! A registration holds a [`UserCharge`]; the users with something pinned are kept in a short
 //! list, looked up at `REGISTER` under its lock. A charge is given back without the lock (an
 //! atomic subtraction), so a registration may end in any context; a user whose bytes are back at
 //! zero leaves the list at the next lookup.
 
+use core::ffi::c_void;
 use kernel::{
+    alloc::kvec::PushError,
+    bindings,
     prelude::*,
     sync::{
         atomic::{
@@ -29,6 +39,13 @@ use crate::{
     error,
     stats, //
 };
+
+// `struct user_namespace` crosses as `void *` (see `shim.c`).
+unsafe extern "C" {
+    fn gdirect_current_user_ns() -> *mut c_void;
+    fn gdirect_user_ns_parent(ns: *mut c_void) -> *mut c_void;
+    fn gdirect_user_ns_owner(ns: *mut c_void) -> u32;
+}
 
 /// The bytes one user has pinned.
 struct UserPins {
@@ -67,18 +84,38 @@ impl Drop for Users {
     }
 }
 
-/// The user a file opened now belongs to: the calling task's real uid (the value in the
-/// initial user namespace).
-pub(crate) fn opener() -> Uid {
-    Uid(kernel::current!().uid().into_raw().val)
+/// The accounts a file opened now is charged to: the calling task's real uid (the value in the
+/// initial user namespace), then the owner of each user namespace it runs in, innermost first,
+/// each once.
+pub(crate) fn opener() -> Result<Opener> {
+    let mut uids = KVec::new();
+    uids.push(kernel::current!().uid().into_raw().val, GFP_KERNEL)?;
+    let init = (&raw mut bindings::init_user_ns).cast::<c_void>();
+    // SAFETY: no preconditions; the namespace of the current credentials, which hold it (and it
+    // its parents) while this task runs.
+    let mut ns = unsafe { gdirect_current_user_ns() };
+    while !ns.is_null() && ns != init {
+        // SAFETY: `ns` is live (see above).
+        let owner = unsafe { gdirect_user_ns_owner(ns) };
+        if !uids.contains(&owner) {
+            uids.push(owner, GFP_KERNEL)?;
+        }
+        // SAFETY: as above.
+        ns = unsafe { gdirect_user_ns_parent(ns) };
+    }
+    Ok(Opener { uids })
 }
 
-/// A user, as [`opener`] found it.
-#[derive(Clone, Copy)]
-pub(crate) struct Uid(u32);
+/// The accounts of a file, as [`opener`] found them; the first is the opener's own uid.
+pub(crate) struct Opener {
+    uids: KVec<u32>,
+}
 
-/// The bytes `uid` has pinned now.
-pub(crate) fn bytes_of(Uid(uid): Uid) -> u64 {
+/// The bytes the opener's own uid has pinned now.
+pub(crate) fn bytes_of(opener: &Opener) -> u64 {
+    let Some(&uid) = opener.uids.first() else {
+        return 0;
+    };
     USERS
         .lock()
         .iter()
@@ -86,44 +123,60 @@ pub(crate) fn bytes_of(Uid(uid): Uid) -> u64 {
         .map_or(0, |u| u.bytes.load(Relaxed))
 }
 
-/// Bytes charged to a user, given back on drop.
+/// Bytes charged to each account of a file, given back on drop.
 pub(crate) struct UserCharge {
-    user: Arc<UserPins>,
+    users: KVec<Arc<UserPins>>,
     bytes: u64,
 }
 
 impl UserCharge {
-    /// Charges `bytes` to user `uid`: `EDQUOT` past `max_pinned_bytes_per_user` (0: no limit of
-    /// its own).
-    pub(crate) fn new(Uid(uid): Uid, bytes: u64) -> Result<Self> {
-        let max = crate::max_pinned_bytes_per_user();
+    /// Charges `bytes` to every account of `opener`: `EDQUOT` if one would pass
+    /// `max_pinned_bytes_per_user` (0: no limit of its own), with nothing charged.
+    pub(crate) fn new(opener: &Opener, bytes: u64) -> Result<Self> {
+        let max = match crate::max_pinned_bytes_per_user() {
+            0 => u64::MAX,
+            max => max,
+        };
+        let mut charge = Self {
+            users: KVec::with_capacity(opener.uids.len(), GFP_KERNEL)?,
+            bytes,
+        };
         let mut users = USERS.lock();
         // Users with nothing pinned leave; none is being charged (that happens under the lock).
         users.retain(|u| u.bytes.load(Relaxed) != 0);
-        let user = match users.iter().find(|u| u.uid == uid) {
-            Some(u) => u.clone(),
-            None => {
-                let u = Arc::new(
-                    UserPins {
-                        uid,
-                        bytes: Atomic::new(0),
-                    },
-                    GFP_KERNEL,
-                )?;
-                users.push(u.clone(), GFP_KERNEL)?;
-                u
+        for &uid in opener.uids.iter() {
+            let user = match users.iter().find(|u| u.uid == uid) {
+                Some(u) => u.clone(),
+                None => {
+                    let u = Arc::new(
+                        UserPins {
+                            uid,
+                            bytes: Atomic::new(0),
+                        },
+                        GFP_KERNEL,
+                    )?;
+                    users.push(u.clone(), GFP_KERNEL)?;
+                    u
+                }
+            };
+            if !stats::reserve_within(&user.bytes, bytes, max) {
+                // The accounts charged so far are given back by `charge`'s drop.
+                return Err(error::over_user_pin_limit());
             }
-        };
-        let max = if max == 0 { u64::MAX } else { max };
-        if !stats::reserve_within(&user.bytes, bytes, max) {
-            return Err(error::over_user_pin_limit());
+            // Room for every account was made above.
+            if let Err(PushError(user)) = charge.users.push_within_capacity(user) {
+                user.bytes.fetch_sub(bytes, Relaxed);
+                return Err(ENOMEM);
+            }
         }
-        Ok(Self { user, bytes })
+        Ok(charge)
     }
 }
 
 impl Drop for UserCharge {
     fn drop(&mut self) {
-        self.user.bytes.fetch_sub(self.bytes, Relaxed);
+        for user in self.users.iter() {
+            user.bytes.fetch_sub(self.bytes, Relaxed);
+        }
     }
 }

@@ -172,9 +172,12 @@ struct gdirect_info_args {
  *                  module's limit over every provider and every process), or
  *                  max_pinned_bytes_per_user for the user that opened the file
  *                  (its real uid at open: a process that changed its uid
- *                  since registers on the account it opened the file with;
- *                  GET_INFO reports both limits and the user's pinned
- *                  bytes). The per-user limit is checked
+ *                  since registers on the account it opened the file with),
+ *                  or for the owner of a user namespace the opener runs in
+ *                  (and so on up: a container's uids share the limit of the
+ *                  user that made its namespace, as RLIMIT_MEMLOCK's ucounts
+ *                  do). GET_INFO reports both limits and the opener's own
+ *                  pinned bytes. The per-user limit is checked
  *                  first; neither check adds anything before it passes.
  *  EMFILE          this file already holds max_registrations registrations.
  *  ENOENT          no registration with this handle was ever made on this file

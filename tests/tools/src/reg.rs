@@ -40,6 +40,11 @@
 //!                                  waits in a free's window, and meanwhile a host REGISTER
 //!                                  that fits only if the waiting one holds no share of
 //!                                  max_pinned_bytes (see the function)
+//!   userns-share OWNER BASE SIZE   a user namespace that OWNER makes (uids 0-65535 mapped to
+//!                                  BASE.., as newuidmap maps subordinate uids): its uid 0 holds
+//!                                  SIZE bytes of GPU memory registered while its uid 1 asks for
+//!                                  SIZE (`ns_uid1=`), OWNER for SIZE/2 (`owner=`) and root for
+//!                                  SIZE (`root=`); then OWNER for SIZE (`owner_after=`)
 //!   egpu-free-kept VA              free a kept allocation (GDIRECT_EGPU_KEEP=1 gdirect read)
 //!   bar1-share SIZE                two registrations of one allocation of SIZE bytes: both
 //!                                  outcomes and the emulated GPU's BAR1 use with both held
@@ -143,6 +148,10 @@ fn main() -> ExitCode {
             _ => return usage(),
         },
         (Some("pin-wait"), _) => pin_wait(),
+        (Some("userns-share"), _) => match (num(1), num(2), num(3)) {
+            (Some(owner), Some(base), Some(size)) => userns_share(owner as u32, base as u32, size),
+            _ => return usage(),
+        },
         (Some("pin-race"), _) => match num(1) {
             Some(seconds @ 1..=60) => pin_race(seconds),
             _ => return usage(),
@@ -1266,6 +1275,127 @@ fn pin_wait() -> gdirect::Result<()> {
         .unwrap_or_else(|p| std::panic::resume_unwind(p));
     check("the free", freed.is_ok(), || format!("{freed:?}"));
     drop(small);
+    Ok(())
+}
+
+/// Registers `size` bytes of emulated GPU memory as the caller is, and calls `then` with the
+/// outcome (`OK` or the errno's name) while the registration, if made, is held.
+fn pin_then(size: u64, then: impl FnOnce(&str)) {
+    let name = |e: Error| e.errno().map_or("error".to_string(), |n| format!("{n:?}"));
+    let (driver, gpu) = match Driver::open().and_then(|d| Ok((d, Egpu::open()?))) {
+        Ok(both) => both,
+        Err(e) => return then(&format!("open_{}", name(e))),
+    };
+    let alloc = match gpu.alloc(size) {
+        Ok(a) => a,
+        Err(e) => return then(&format!("alloc_{}", name(e))),
+    };
+    match driver.register(&alloc) {
+        Ok(reg) => {
+            then("OK");
+            drop(reg);
+        }
+        Err(e) => then(&name(e)),
+    };
+}
+
+/// Runs `f` in a forked child as `uid` (and gid `uid`), and waits for it.
+///
+/// # Safety
+///
+/// The caller has no other thread.
+unsafe fn as_uid_in_child(uid: u32, f: impl FnOnce()) -> gdirect::Result<()> {
+    use nix::unistd::{setresgid, setresuid, Gid, Uid};
+    // SAFETY: the caller's contract: the child is a copy of this process's only thread.
+    match unsafe { nix::unistd::fork() } {
+        Err(_) => Err(Error::Worker { what: "fork" }),
+        Ok(nix::unistd::ForkResult::Child) => {
+            let (g, u) = (Gid::from_raw(uid), Uid::from_raw(uid));
+            if setresgid(g, g, g).is_ok() && setresuid(u, u, u).is_ok() {
+                f();
+            }
+            use std::io::Write as _;
+            let _ = std::io::stdout().flush();
+            // SAFETY: leaves the child without running the parent's destructors.
+            unsafe { nix::libc::_exit(0) }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            let _ = nix::sys::wait::waitpid(child, None);
+            Ok(())
+        }
+    }
+}
+
+/// The subordinate uids of one user share its per-user limit (the module loaded with
+/// `max_pinned_bytes_per_user` below 2 × SIZE and above 1.5 × SIZE): a user namespace made by
+/// OWNER, its uids mapped to BASE.. by this process as root (as newuidmap maps them from
+/// /etc/subuid), registers SIZE bytes as its uid 0 (`ns_uid0=`) and holds them while its uid 1
+/// asks for SIZE (`ns_uid1=`), OWNER itself for SIZE / 2 (`owner=`) and root for SIZE
+/// (`root=`); once the namespace's processes are gone, OWNER asks for SIZE (`owner_after=`).
+fn userns_share(owner: u32, base: u32, size: u64) -> gdirect::Result<()> {
+    use nix::unistd::{setresgid, setresuid, Gid, Uid};
+    use std::io::{Read as _, Write as _};
+    let fail = |what: &'static str| Error::Worker { what };
+    let (mut parent_end, mut child_end) =
+        std::os::unix::net::UnixStream::pair().map_err(|_| fail("socketpair"))?;
+    let step = |s: &mut std::os::unix::net::UnixStream| -> bool {
+        let mut b = [0u8; 1];
+        s.write_all(&[1]).is_ok() && s.read_exact(&mut b).is_ok()
+    };
+    let _ = std::io::stdout().flush();
+    // SAFETY: this program has no other thread; the child makes syscalls, registers and prints.
+    let maker = match unsafe { nix::unistd::fork() } {
+        Err(_) => return Err(fail("fork")),
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(parent_end);
+            let (g, u) = (Gid::from_raw(owner), Uid::from_raw(owner));
+            let ok = setresgid(g, g, g).is_ok()
+                && setresuid(u, u, u).is_ok()
+                && nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).is_ok()
+                // The parent writes the maps between the two halves of this step.
+                && step(&mut child_end)
+                && setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0)).is_ok()
+                && setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)).is_ok();
+            if !ok {
+                println!("ns_uid0=setup_failed");
+            } else {
+                pin_then(size, |r| {
+                    println!("ns_uid0={r}");
+                    // SAFETY: this child has no other thread.
+                    let _ = unsafe {
+                        as_uid_in_child(1, || pin_then(size, |r| println!("ns_uid1={r}")))
+                    };
+                    // Held until the parent has asked as OWNER and root.
+                    step(&mut child_end);
+                });
+            }
+            let _ = std::io::stdout().flush();
+            // SAFETY: leaves the child without running the parent's destructors.
+            unsafe { nix::libc::_exit(0) }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => child,
+    };
+    drop(child_end);
+    let mut b = [0u8; 1];
+    // The namespace exists: map its uids and gids 0-65535 to BASE.., then let it go on.
+    let mapped = parent_end.read_exact(&mut b).is_ok()
+        && ["uid_map", "gid_map"].iter().all(|m| {
+            std::fs::write(format!("/proc/{maker}/{m}"), format!("0 {base} 65536\n")).is_ok()
+        })
+        && parent_end.write_all(&[1]).is_ok();
+    // The namespace's uid 0 holds its registration, and its uid 1 has asked.
+    if mapped && parent_end.read_exact(&mut b).is_ok() {
+        // SAFETY: this program has no other thread.
+        unsafe { as_uid_in_child(owner, || pin_then(size / 2, |r| println!("owner={r}")))? };
+        pin_then(size, |r| println!("root={r}"));
+        let _ = parent_end.write_all(&[1]);
+    } else {
+        println!("maps_written=no");
+    }
+    drop(parent_end);
+    let _ = nix::sys::wait::waitpid(maker, None);
+    // SAFETY: this program has no other thread.
+    unsafe { as_uid_in_child(owner, || pin_then(size, |r| println!("owner_after={r}")))? };
     Ok(())
 }
 
