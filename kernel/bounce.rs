@@ -156,19 +156,29 @@ impl ChunkGuard {
         })
     }
 
-    /// Copies the chunk's bytes `[off, off + out.len())` to `out`.
-    pub(crate) fn copy_out(&self, off: u64, out: &mut [u8]) {
-        self.each_span(off, out.len(), |page, in_page, at, n| {
-            // SAFETY: `n` bytes of the page from `in_page` exist; `out[at..at + n]` is in bounds.
-            let _ = unsafe { page.read_raw(out.as_mut_ptr().add(at), in_page, n) };
+    /// Copies the chunk's bytes `[off, off + len)` to `out` (memory that a device or another
+    /// task may also write: no reference to it is made).
+    ///
+    /// # Safety
+    ///
+    /// `out` is valid for writes of `len` bytes.
+    pub(crate) unsafe fn copy_out(&self, off: u64, out: *mut u8, len: usize) {
+        self.each_span(off, len, |page, in_page, at, n| {
+            // SAFETY: `n` bytes of the page from `in_page` exist; `out + at` has `n` of the
+            // caller's `len` bytes left.
+            let _ = unsafe { page.read_raw(out.add(at), in_page, n) };
         });
     }
 
-    /// Copies `data` into the chunk at `off`.
-    pub(crate) fn copy_in(&self, off: u64, data: &mut [u8]) {
-        self.each_span(off, data.len(), |page, in_page, at, n| {
+    /// Copies `len` bytes from `data` into the chunk at `off` (as `copy_out`, the other way).
+    ///
+    /// # Safety
+    ///
+    /// `data` is valid for reads of `len` bytes.
+    pub(crate) unsafe fn copy_in(&self, off: u64, data: *const u8, len: usize) {
+        self.each_span(off, len, |page, in_page, at, n| {
             // SAFETY: as in `copy_out`, the other way.
-            let _ = unsafe { page.write_raw(data.as_ptr().add(at), in_page, n) };
+            let _ = unsafe { page.write_raw(data.add(at), in_page, n) };
         });
     }
 

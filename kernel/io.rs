@@ -621,13 +621,19 @@ impl Transfer {
                     let bvecs = chunk.bvecs(n)?;
                     let got = direct_io(&self.file, Dir::Read, pos, bvecs.as_slice(), n)?;
                     let _use = self.reg.shared.begin_use()?;
-                    copy_device(&self.reg, buf, got, |off, dev| chunk.copy_out(off, dev))?;
+                    copy_device(&self.reg, buf, got, |off, dev, n| {
+                        // SAFETY: `dev` addresses `n` bytes of mapped memory (`copy_device`).
+                        unsafe { chunk.copy_out(off, dev, n) }
+                    })?;
                     got
                 }
                 Dir::Write => {
                     {
                         let _use = self.reg.shared.begin_use()?;
-                        copy_device(&self.reg, buf, n, |off, dev| chunk.copy_in(off, dev))?;
+                        copy_device(&self.reg, buf, n, |off, dev, len| {
+                            // SAFETY: `dev` addresses `len` bytes of mapped memory (`copy_device`).
+                            unsafe { chunk.copy_in(off, dev, len) }
+                        })?;
                     }
                     let bvecs = chunk.bvecs(n)?;
                     direct_io(&self.file, Dir::Write, pos, bvecs.as_slice(), n)?
@@ -732,28 +738,29 @@ fn bvecs(reg: &Registration, off: u64, len: u64) -> Result<Bvecs> {
     })
 }
 
-/// Runs `f(offset_in_chunk, device_bytes)` over `[off, off + len)` of a registration, one CPU
-/// page at a time, with the pages mapped for the CPU. The caller holds a use of the pages.
+/// Runs `f(offset_in_chunk, device, n)` over `[off, off + len)` of a registration, one CPU page
+/// at a time: `device` addresses `n` bytes of the memory, mapped for the CPU. The caller holds a
+/// use of the pages. A raw pointer, never a slice: the memory (a GPU's BAR, P2PDMA memory, host
+/// pages that user space maps too) may be written by a device or a task meanwhile, which a
+/// `&mut [u8]` over it would promise cannot happen.
 fn copy_device(
     reg: &Registration,
     off: u64,
     len: u64,
-    mut f: impl FnMut(u64, &mut [u8]),
+    mut f: impl FnMut(u64, *mut u8, usize),
 ) -> Result {
     let mut done = 0;
     while done < len {
         let (page, in_page) = page_at(reg, off + done)?;
         let n = (PAGE_SIZE - u64::from(in_page)).min(len - done);
         // SAFETY: `page` is pinned (or P2PDMA memory held by its provider) and mapped in the
-        // kernel's direct map; `in_page + n` stays within it.
-        let bytes = unsafe {
-            let base = gdirect_page_address(page.cast()).cast::<u8>();
-            if base.is_null() {
-                return Err(EFAULT);
-            }
-            core::slice::from_raw_parts_mut(base.add(in_page as usize), n as usize)
-        };
-        f(done, bytes);
+        // kernel's direct map.
+        let base = unsafe { gdirect_page_address(page.cast()) }.cast::<u8>();
+        if base.is_null() {
+            return Err(EFAULT);
+        }
+        // `in_page + n` stays within the page.
+        f(done, base.wrapping_add(in_page as usize), n as usize);
         done += n;
     }
     Ok(())
