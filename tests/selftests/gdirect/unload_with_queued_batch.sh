@@ -1,8 +1,8 @@
 #!/bin/sh
 # SPDX-License-Identifier: GPL-2.0
 #
-# A process exits with 128 batched reads queued (from the namespace QEMU
-# throttles to 32 MB/s: 4 s of I/O) into GPU memory it keeps: its device file
+# A process exits with 128 batched reads of 2 MiB queued (from the namespace QEMU
+# throttles to 32 MB/s: 8 s of I/O) into GPU memory it keeps: its device file
 # closes with the reads in flight. Each queued transfer holds the module, so
 # rmmod is refused (busy) until they are done, by the kernel's own reference
 # count (/sys/module/gdirect/refcnt), not the module's word. The registration

@@ -16,7 +16,8 @@
 //!   revoke-latency DEV MIB        one synchronous MIB MiB read of DEV into GPU memory, freed
 //!                                 0.3 s after it started: how long the free took, and whether
 //!                                 the read was still running when the free returned
-//!   queue-exit DEV COUNT          COUNT batched 1 MiB reads of DEV into kept GPU memory, then
+//!   queue-exit DEV COUNT          COUNT batched 2 MiB reads of the first 48 MiB of DEV (in turn)
+//!                                 into kept GPU memory (64 slots at most), then
 //!                                 exit at once with them queued (never reaped): prints `va=`,
 //!                                 the memory to free later, and `submitted=`
 //!   inflight DEV COUNT            COUNT batched 1 MiB reads of the first 48 MiB of DEV (in turn)
@@ -882,17 +883,21 @@ fn submit_across_hole(driver: &Driver, file: &File, handle: u64) -> gdirect::Res
 }
 
 fn queue_exit(dev: &str, count: u64) -> gdirect::Result<()> {
-    const LEN: u64 = 1 << 20;
+    const LEN: u64 = 2 << 20;
+    // Each read lands in one of 64 slots of the memory, and reads one of the first 24 pieces
+    // of DEV (48 MiB, inside the rig's 64 MiB throttled namespace): all COUNT move their bytes,
+    // none ends at once past the end.
+    let slots = count.min(64);
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
     // Kept: the memory outlives this process, so that the registration the queued reads hold
     // ends on the module's worker (left to the GPU driver) and its free comes later.
-    let alloc = gpu.alloc_kept(count * LEN)?;
+    let alloc = gpu.alloc_kept(slots * LEN)?;
     let reg = driver.register(&alloc)?;
     let file = File::open_direct(dev)?;
     let mut b = Batch::new();
     for i in 0..count {
-        b.read(&file, &reg, i * LEN, i * LEN, LEN, i);
+        b.read(&file, &reg, i % slots * LEN, i % 24 * LEN, LEN, i);
     }
     let mut submitted = 0;
     while submitted < b.len() {
