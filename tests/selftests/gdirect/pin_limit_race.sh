@@ -12,7 +12,7 @@
 #
 # A REGISTER of GPU memory waiting behind the nvidia provider's get/put lock
 # (held by an UNREGISTER whose put_pages waits in a free's window: the emulated
-# driver holds its lock for 800 ms) holds no share of the limit meanwhile: a
+# driver holds its lock for 1 s) holds no share of the limit meanwhile: a
 # host REGISTER of 32 MiB + 64 KiB, which fits only if the waiting one holds
 # nothing, is accepted while it still waits; the waiting one, asking as much,
 # then gets EDQUOT. (Reserving before the wait refused the host one instead.)
@@ -47,7 +47,7 @@ _test "once the holder let go, the competitor's registration succeeded" \
 out=$(gdirect-reg pin-wait 2>&1)
 rc=$?
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
-_test "a GPU REGISTER still waited behind the put when the host one was answered" \
+_test "a GPU REGISTER slept in a mutex behind the put (the kernel's wchan) as the host one began" \
 	_expect_eq "exit status, waiting" "0 yes" "$rc $(_kv "$out" waiting_then)"
 _test "the host REGISTER of 32 MiB + 64 KiB was accepted meanwhile: the waiting one held no share" \
 	_expect_eq outcome OK "$(_kv "$out" host_during_wait)"

@@ -45,6 +45,7 @@ use nix::libc;
 
 #[path = "fuzz_checked.rs"]
 mod checked;
+mod commands;
 
 /// SplitMix64.
 struct Rng(u64);
@@ -232,20 +233,6 @@ fn foreign_helper(device: &str) -> ExitCode {
     drop(gpu);
     ExitCode::SUCCESS
 }
-
-const CODES: [(&str, u32); 11] = [
-    ("GET_INFO", raw::GDIRECT_IOC_GET_INFO),
-    ("REGISTER", raw::GDIRECT_IOC_REGISTER),
-    ("UNREGISTER", raw::GDIRECT_IOC_UNREGISTER),
-    ("QUERY", raw::GDIRECT_IOC_QUERY),
-    ("READ", raw::GDIRECT_IOC_READ),
-    ("WRITE", raw::GDIRECT_IOC_WRITE),
-    ("SUBMIT", raw::GDIRECT_IOC_SUBMIT),
-    ("REAP", raw::GDIRECT_IOC_REAP),
-    ("SET_EVENTFD", raw::GDIRECT_IOC_SET_EVENTFD),
-    ("GET_STATS", raw::GDIRECT_IOC_GET_STATS),
-    ("PEER_CHECK", raw::GDIRECT_IOC_PEER_CHECK),
-];
 
 fn ioc_size(code: u32) -> usize {
     ((code >> 16) & 0x3fff) as usize
@@ -543,10 +530,10 @@ fn worker(world: &World, seed: u64, calls: u64) {
             }
         }
         let (name, code) = if rng.chance(92) {
-            rng.pick(&CODES)
+            rng.pick(&commands::ALL)
         } else {
             // Undefined numbers, wrong sizes and directions, other types.
-            let (n, c) = rng.pick(&CODES);
+            let (n, c) = rng.pick(&commands::ALL);
             let bad = match rng.below(4) {
                 0 => (c & !0xff) | (0x0b + rng.below(0xf0)) as u32,
                 1 => c ^ (1 << (16 + rng.below(14))),

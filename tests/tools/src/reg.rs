@@ -66,6 +66,7 @@
 //!                                  the map type alone, and a peer no driver drives
 //! Exit status: 0 when every check passed, 1 when one failed, 2 on a usage or setup error.
 
+mod commands;
 mod debugfs;
 
 use std::{
@@ -73,7 +74,7 @@ use std::{
     io::{Read, Seek, SeekFrom},
     os::fd::{AsRawFd, OwnedFd},
     process::ExitCode,
-    sync::atomic::{AtomicU64, Ordering},
+    sync::atomic::{AtomicI32, AtomicU64, Ordering},
     time::Duration,
 };
 
@@ -1208,17 +1209,12 @@ fn opener_charge(uid: u32, gid: u32, size: u64) -> gdirect::Result<()> {
     Ok(())
 }
 
-/// REGISTERs racing for `max_pinned_bytes`, for `seconds`: a holder keeps just over half of it
-/// registered the whole time, so that a competitor registering the same size must get
-/// `EDQUOT` every time, while two threads send REGISTERs of lengths that wrap the module's total
-/// past 2^64 back to 0 (each must be refused too). A reservation that added before it checked
-/// would, for an instant, show the competitor a total of 0. Then the holder lets go and the
-/// competitor's next try succeeds (it could succeed; the limit was what stopped it).
 /// A REGISTER of GPU memory that waits for nvidia's `GET_PUT` (held by an UNREGISTER whose
-/// put_pages waits in a free's window, the emulated driver holding its lock for 800 ms) holds
+/// put_pages waits in a free's window, the emulated driver holding its lock for 1 s) holds
 /// no share of `max_pinned_bytes` while it waits: a host REGISTER of just over half the limit,
 /// which fits only then, is accepted meanwhile (`host_during_wait=OK`, with
-/// `waiting_then=yes`: the GPU one had not returned); the GPU one, of as much, then gets
+/// `waiting_then=yes`: the GPU one slept in a mutex, unanswered, as it began, and so did the
+/// put), and the GPU one, of as much, then gets
 /// `EDQUOT` (`gpu_after_wait=`).
 fn pin_wait() -> gdirect::Result<()> {
     let driver = Driver::open()?;
@@ -1232,7 +1228,7 @@ fn pin_wait() -> gdirect::Result<()> {
     let host = HostBuffer::new(over_half as usize)?;
     let mapped = gpu.info()?.mappings;
     let g = gpu.clone();
-    let freer = std::thread::spawn(move || g.free_va_delayed(va, Duration::from_millis(800)));
+    let freer = std::thread::spawn(move || g.free_va_delayed(va, Duration::from_secs(1)));
     wait_for_unlink(&gpu, mapped)?;
     let returned = std::sync::atomic::AtomicBool::new(false);
     let outcome = |r: &gdirect::Result<gdirect::Registration<'_>>| {
@@ -1241,19 +1237,25 @@ fn pin_wait() -> gdirect::Result<()> {
             .and_then(|e| e.errno())
             .map_or("OK".to_string(), |e| format!("{e:?}"))
     };
+    let (putter_tid, waiter_tid) = (AtomicI32::new(0), AtomicI32::new(0));
     std::thread::scope(|s| {
         // Takes GET_PUT, then blocks in put_pages until the free's callback has run.
-        let putter = s.spawn(|| reg.unregister());
-        std::thread::sleep(Duration::from_millis(50));
+        let putter = s.spawn(|| {
+            putter_tid.store(nix::unistd::gettid().as_raw(), Ordering::SeqCst);
+            reg.unregister()
+        });
+        let putter_sleep = sleeps_in_mutex(&putter_tid);
         let waiter = s.spawn(|| {
+            waiter_tid.store(nix::unistd::gettid().as_raw(), Ordering::SeqCst);
             let r = outcome(&driver.register(&big));
             returned.store(true, Ordering::SeqCst);
             r
         });
-        std::thread::sleep(Duration::from_millis(50));
+        let waiter_sleep = sleeps_in_mutex(&waiter_tid);
+        // The GPU REGISTER sleeps behind the put, not yet answered, as the host one starts.
+        let waiting = !returned.load(Ordering::SeqCst) && waiter_sleep != "none";
         // Kept until the waiting one has its answer.
         let host_reg = driver.register(&host);
-        let waiting = !returned.load(Ordering::SeqCst);
         let host_r = outcome(&host_reg);
         let gpu_r = waiter
             .join()
@@ -1265,6 +1267,7 @@ fn pin_wait() -> gdirect::Result<()> {
             format!("{put:?}")
         });
         drop(host_reg);
+        println!("putter_sleeps_in={putter_sleep} waiter_sleeps_in={waiter_sleep}");
         println!(
             "host_during_wait={host_r} waiting_then={} gpu_after_wait={gpu_r}",
             if waiting { "yes" } else { "no" }
@@ -1276,6 +1279,24 @@ fn pin_wait() -> gdirect::Result<()> {
     check("the free", freed.is_ok(), || format!("{freed:?}"));
     drop(small);
     Ok(())
+}
+
+/// Waits (up to 5 s) until the thread whose id `tid` holds (once set) sleeps in a mutex, as the
+/// kernel tells (`/proc/self/task/TID/wchan`, where it sleeps): that function's name, or `none`.
+fn sleeps_in_mutex(tid: &AtomicI32) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < deadline {
+        let t = tid.load(Ordering::SeqCst);
+        if t != 0 {
+            if let Ok(w) = std::fs::read_to_string(format!("/proc/self/task/{t}/wchan")) {
+                if w.contains("mutex") {
+                    return w.trim().to_string();
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    "none".into()
 }
 
 /// Registers `size` bytes of emulated GPU memory as the caller is, and calls `then` with the
@@ -1399,6 +1420,12 @@ fn userns_share(owner: u32, base: u32, size: u64) -> gdirect::Result<()> {
     Ok(())
 }
 
+/// REGISTERs racing for `max_pinned_bytes`, for `seconds`: a holder keeps just over half of it
+/// registered the whole time, so that a competitor registering the same size must get
+/// `EDQUOT` every time, while two threads send REGISTERs of lengths that wrap the module's total
+/// past 2^64 back to 0 (each must be refused too). A reservation that added before it checked
+/// would, for an instant, show the competitor a total of 0. Then the holder lets go and the
+/// competitor's next try succeeds (it could succeed; the limit was what stopped it).
 fn pin_race(seconds: u64) -> gdirect::Result<()> {
     let driver = Driver::open()?;
     let max = driver.info()?.max_pinned_bytes;
@@ -1924,28 +1951,12 @@ fn bar1_share(size: u64) -> gdirect::Result<()> {
     Ok(())
 }
 
-/// Every command of the ABI, with its name, for a process that holds a device file it did not
-/// open.
-const ALL_COMMANDS: [(&str, u32); 11] = [
-    ("GET_INFO", raw::GDIRECT_IOC_GET_INFO),
-    ("REGISTER", raw::GDIRECT_IOC_REGISTER),
-    ("UNREGISTER", raw::GDIRECT_IOC_UNREGISTER),
-    ("QUERY", raw::GDIRECT_IOC_QUERY),
-    ("READ", raw::GDIRECT_IOC_READ),
-    ("WRITE", raw::GDIRECT_IOC_WRITE),
-    ("SUBMIT", raw::GDIRECT_IOC_SUBMIT),
-    ("REAP", raw::GDIRECT_IOC_REAP),
-    ("SET_EVENTFD", raw::GDIRECT_IOC_SET_EVENTFD),
-    ("GET_STATS", raw::GDIRECT_IOC_GET_STATS),
-    ("PEER_CHECK", raw::GDIRECT_IOC_PEER_CHECK),
-];
-
 /// Sends every command on `fd` from this process, then a READ of `len` bytes of `data_fd` into
 /// the registration `handle` and an UNREGISTER of it: prints `WHO_COMMAND=ERRNO` for each (OK where one succeeded) and
 /// `WHO_all=ERRNO` when they all gave the same answer.
 fn every_command(who: &str, fd: i32, handle: u64, data_fd: i32, len: u64) {
     let mut outcomes = Vec::new();
-    for (name, code) in ALL_COMMANDS {
+    for (name, code) in commands::ALL {
         // Zeroed and larger than any argument struct of the ABI.
         let mut zeroed = [0u64; 64];
         // SAFETY: the command reads and writes at most its struct's size (< 512 bytes) at the
