@@ -47,7 +47,7 @@ _test "once the holder let go, the competitor's registration succeeded" \
 out=$(gdirect-reg pin-wait 2>&1)
 rc=$?
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
-_test "a GPU REGISTER slept in a mutex behind the put (the kernel's wchan) as the host one began" \
+_test "a GPU REGISTER slept (state D, the kernel's word) behind the put as the host one began" \
 	_expect_eq "exit status, waiting" "0 yes" "$rc $(_kv "$out" waiting_then)"
 _test "the host REGISTER of 32 MiB + 64 KiB was accepted meanwhile: the waiting one held no share" \
 	_expect_eq outcome OK "$(_kv "$out" host_during_wait)"

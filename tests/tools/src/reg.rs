@@ -1213,8 +1213,8 @@ fn opener_charge(uid: u32, gid: u32, size: u64) -> gdirect::Result<()> {
 /// put_pages waits in a free's window, the emulated driver holding its lock for 1 s) holds
 /// no share of `max_pinned_bytes` while it waits: a host REGISTER of just over half the limit,
 /// which fits only then, is accepted meanwhile (`host_during_wait=OK`, with
-/// `waiting_then=yes`: the GPU one slept in a mutex, unanswered, as it began, and so did the
-/// put), and the GPU one, of as much, then gets
+/// `waiting_then=yes`: the GPU one slept uninterruptibly, unanswered, as it began, and so did
+/// the put), and the GPU one, of as much, then gets
 /// `EDQUOT` (`gpu_after_wait=`).
 fn pin_wait() -> gdirect::Result<()> {
     let driver = Driver::open()?;
@@ -1281,18 +1281,28 @@ fn pin_wait() -> gdirect::Result<()> {
     Ok(())
 }
 
-/// Waits (up to 5 s) until the thread whose id `tid` holds (once set) sleeps in a mutex, as the
-/// kernel tells (`/proc/self/task/TID/wchan`, where it sleeps): that function's name, or `none`.
+/// Waits (up to 5 s) until the thread whose id `tid` holds (once set) sleeps uninterruptibly,
+/// as a task waiting for a mutex does (state `D` in `/proc/self/task/TID/stat`, the kernel's
+/// word): where it sleeps (its `wchan`, the first function outside the scheduler's and the
+/// mutex's own), or `none`.
 fn sleeps_in_mutex(tid: &AtomicI32) -> String {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while std::time::Instant::now() < deadline {
         let t = tid.load(Ordering::SeqCst);
-        if t != 0 {
-            if let Ok(w) = std::fs::read_to_string(format!("/proc/self/task/{t}/wchan")) {
-                if w.contains("mutex") {
-                    return w.trim().to_string();
-                }
-            }
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{t}/stat"));
+        // The state follows the command name's closing parenthesis.
+        let state = stat.ok().and_then(|s| {
+            let (_, rest) = s.rsplit_once(')')?;
+            rest.split_whitespace().next().map(str::to_string)
+        });
+        if t != 0 && state.as_deref() == Some("D") {
+            let wchan =
+                std::fs::read_to_string(format!("/proc/self/task/{t}/wchan")).unwrap_or_default();
+            // One word, whatever the kernel names (a Rust symbol is long but has no space).
+            return match wchan.trim() {
+                "" => "unnamed".into(),
+                w => w.to_string(),
+            };
         }
         std::thread::sleep(Duration::from_millis(5));
     }
