@@ -2,15 +2,18 @@
 # SPDX-License-Identifier: GPL-2.0
 #
 # rmmod while /dev/gdirect is open is refused (each open file holds a module
-# reference), the open file keeps working, and the module unloads once the
-# last file is closed - also when the holder is killed. A loop of opens racing
-# rmmod attempts ends with either outcome and never an oops.
+# reference), the open file keeps working for the process that opened it, and
+# the module unloads once the last file is closed - also when the holder is
+# killed. A loop of opens racing rmmod attempts ends with either outcome and
+# never an oops.
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 
 holder=
+user=
 cleanup() {
 	[ -n "$holder" ] && kill "$holder" 2>/dev/null
+	[ -n "$user" ] && kill "$user" 2>/dev/null
 	exec 3<&- 2>/dev/null
 	_module_loaded && rmmod gdirect
 }
@@ -27,7 +30,15 @@ ktap_set_plan 9
 refcnt() { cat /sys/module/gdirect/refcnt; }
 _test "no reference while nothing is open" _expect_eq refcnt 0 "$(refcnt)"
 
-exec 3<>"$GDIRECT_DEV"
+# A program opens the device and waits for a line on a fifo before it sends GET_INFO on that
+# file (a file serves only the process that opened it).
+rm -f /tmp/uwo.go /tmp/uwo.out
+mkfifo /tmp/uwo.go
+gdirect-ioctl --wait get-info </tmp/uwo.go >/tmp/uwo.out 2>&1 &
+user=$!
+exec 3>/tmp/uwo.go
+i=0
+while ! grep -q '^opened' /tmp/uwo.out && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 _test "an open file holds one module reference" _expect_eq refcnt 1 "$(refcnt)"
 refused() {
 	out=$(rmmod gdirect 2>&1) && return 1
@@ -35,8 +46,12 @@ refused() {
 	_module_loaded && [ -c "$GDIRECT_DEV" ]
 }
 _test "rmmod is refused while the file is open" refused
-_test "the open file still works after the refused rmmod" _expect_eq result OK "$(gdirect-ioctl --fd 3 get-info | tail -n 1)"
-exec 3<&-
+echo go >&3
+exec 3>&-
+wait "$user"
+user=
+_test "the open file still works after the refused rmmod" _expect_eq result OK "$(tail -n 1 /tmp/uwo.out)"
+rm -f /tmp/uwo.go /tmp/uwo.out
 _test "closing the file drops the reference" _expect_eq refcnt 0 "$(refcnt)"
 _test "rmmod succeeds once the file is closed" rmmod gdirect
 

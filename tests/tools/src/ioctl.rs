@@ -3,8 +3,10 @@
 //! and prints the outcome as one word — `OK` or the errno name (`EINVAL`) — so that selftests
 //! can assert the module's answer to each kind of bad input.
 //!
-//! Usage: gdirect-ioctl [--device PATH | --fd N] CASE
-//! (`--fd N` uses an already open file descriptor of the device, inherited from the shell.)
+//! Usage: gdirect-ioctl [--device PATH | --fd N | --wait] CASE
+//! (`--fd N` uses an already open file descriptor of the device, inherited from the shell: the
+//! module refuses every command on it with `EXDEV`, as the shell opened it; `--wait` opens the
+//! device, prints `opened` and reads a line of standard input before sending CASE.)
 //! Exit status: 0 when the call was made (whatever its result), 2 on a usage or setup error.
 
 use std::{
@@ -58,7 +60,12 @@ fn main() -> ExitCode {
     let mut device = std::env::var("GDIRECT_DEVICE")
         .unwrap_or_else(|_| gdirect::DEFAULT_DEVICE_PATH.to_string());
     let mut inherited: Option<RawFd> = None;
+    let mut wait = false;
     match args.first().map(String::as_str) {
+        Some("--wait") => {
+            wait = true;
+            args.remove(0);
+        }
         Some("--device") if args.len() >= 2 => {
             device = args.remove(1);
             args.remove(0);
@@ -91,6 +98,12 @@ fn main() -> ExitCode {
             }
         },
     };
+    if wait {
+        use std::io::{BufRead as _, Write as _};
+        println!("opened");
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stdin().lock().read_line(&mut String::new());
+    }
     match run(&fd, case) {
         Some(Ok(())) => println!("OK"),
         Some(Err(errno)) => println!("{errno:?}"),
