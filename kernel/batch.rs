@@ -33,7 +33,8 @@ use kernel::{
 use crate::{
     io::Transfer,
     modref::ModuleRef,
-    uapi::Cqe, //
+    uapi::Cqe,
+    users::TransferCharge, //
 };
 
 unsafe extern "C" {
@@ -170,10 +171,12 @@ impl Batches {
         self.inner.lock().in_flight
     }
 
-    /// Queues `transfer`, unless `max_in_flight` are in flight already (`Ok(false)`).
+    /// Queues `transfer`, unless `max_in_flight` are in flight already (`Ok(false)`); `charge`
+    /// (its count against its user) is held until its work item is done.
     pub(crate) fn submit(
         self: &Arc<Self>,
         transfer: Transfer,
+        charge: TransferCharge,
         user_data: u64,
         max_in_flight: u32,
     ) -> Result<bool> {
@@ -200,9 +203,10 @@ impl Batches {
             // the workqueue, which waits for this work item to return.
             let _module_ref = module_ref;
             let (path, result) = transfer.run();
-            // What the transfer holds (its registration, file, submitter) goes before its
-            // completion can be reaped: a caller that reaps, unregisters and registers again,
-            // or unmounts, finds nothing of it still held.
+            // What the transfer holds (its registration, file, submitter, its user's count)
+            // goes before its completion can be reaped: a caller that reaps, unregisters and
+            // registers again, submits again, or unmounts, finds nothing of it still held.
+            drop(charge);
             drop(transfer);
             me.complete(user_data, path, result);
             drop(me);

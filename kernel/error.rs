@@ -35,6 +35,11 @@ pub(crate) fn over_user_pin_limit() -> Error {
     errno(bindings::EDQUOT)
 }
 
+/// `EDQUOT`: the user has `max_in_flight_per_user` batched transfers running already.
+pub(crate) fn over_user_transfer_limit() -> Error {
+    errno(bindings::EDQUOT)
+}
+
 /// `EPROTONOSUPPORT`: not a `GDIRECT_PROVIDER_*` value.
 pub(crate) fn unknown_provider() -> Error {
     errno(bindings::EPROTONOSUPPORT)

@@ -401,7 +401,7 @@ impl GdirectFile {
             pinned: pinned.pinned,
             counters: self.counters.clone(),
             _memlock: memlock,
-            _user: user,
+            user,
         };
         // From here the registration's `Drop` gives the reservation back.
         reservation.commit(args.provider);
@@ -586,14 +586,28 @@ impl GdirectFile {
         while submitted < args.count {
             // An entry that cannot be read fails like a malformed one: the caller learns how
             // many were queued before it (they run, and complete, either way).
-            match sqes
-                .read::<Sqe>()
-                .and_then(|sqe| {
-                    let t = self.sqe_transfer(&sqe, &submitter)?;
-                    Ok((t, sqe.user_data))
-                })
-                .and_then(|(t, user_data)| self.batches.submit(t, user_data, max))
-            {
+            let entry = sqes.read::<Sqe>().and_then(|sqe| {
+                let t = self.sqe_transfer(&sqe, &submitter)?;
+                Ok((t, sqe.user_data))
+            });
+            let (t, user_data) = match entry {
+                Ok(entry) => entry,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            };
+            // The user's cap, like the file's, queues no more: `EDQUOT` only if none was.
+            let charge = match t.charge_user() {
+                Ok(charge) => charge,
+                Err(e) => {
+                    if submitted == 0 {
+                        failure = Some(e);
+                    }
+                    break;
+                }
+            };
+            match self.batches.submit(t, charge, user_data, max) {
                 Ok(true) => submitted += 1,
                 Ok(false) => break,
                 Err(e) => {

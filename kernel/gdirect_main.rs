@@ -63,6 +63,10 @@ module! {
             default: 128,
             description: "Most batched transfers one open file may have in flight (default 128)",
         },
+        max_in_flight_per_user: u32 {
+            default: 1024,
+            description: "Most batched transfers the files of one user (and of the users whose namespaces it runs in) may have running, over all its files and processes; 0: only max_in_flight per file applies (default 1024)",
+        },
         bounce_buffers: u32 {
             default: 32,
             description: "1 MiB chunks of host memory the bounce path may use (default 32)",
@@ -86,6 +90,11 @@ pub(crate) fn max_pinned_bytes_per_user() -> u64 {
 /// The per-file limit on batched transfers in flight (module parameter).
 pub(crate) fn max_in_flight() -> u32 {
     (*module_parameters::max_in_flight.value()).max(1)
+}
+
+/// The per-user limit on batched transfers running, 0 for none (module parameter).
+pub(crate) fn max_in_flight_per_user() -> u32 {
+    *module_parameters::max_in_flight_per_user.value()
 }
 
 /// The module version, `major.minor.patch`, reported by `GET_INFO`.

@@ -62,6 +62,7 @@ use crate::{
         MapType, //
     },
     uapi,
+    users::TransferCharge,
 };
 
 unsafe extern "C" {
@@ -488,6 +489,12 @@ impl Transfer {
 
     /// Runs the transfer, under its submitter's identity for a batch's, and records it in the
     /// statistics.
+    /// Counts the transfer against its registration's user (`max_in_flight_per_user`), until
+    /// the charge is dropped.
+    pub(crate) fn charge_user(&self) -> Result<TransferCharge> {
+        self.reg.user.start_transfer()
+    }
+
     pub(crate) fn run(&self) -> (u32, Result<Outcome>) {
         match &self.submitter {
             Some(s) => s.run(|| self.run_here()),

@@ -384,7 +384,7 @@ pub(crate) struct Registration {
     /// which uncharges them after the pages are unpinned (the field order).
     pub(crate) _memlock: Option<MemlockCharge>,
     /// The bytes charged to the registering user (`max_pinned_bytes_per_user`).
-    pub(crate) _user: UserCharge,
+    pub(crate) user: UserCharge,
 }
 
 impl Registration {

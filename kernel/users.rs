@@ -16,6 +16,11 @@
 //! subordinate uids a user maps in a container share that user's limit, and a container whose
 //! namespace root made counts against root's.
 //!
+//! Batched transfers per user: `max_in_flight_per_user` bounds the transfers the files of one
+//! user (with the same accounts as its pins) have queued or running on the module's workers,
+//! so that no user takes every worker; `SUBMIT` queues no more past it (`EDQUOT` when it could
+//! queue none).
+//!
 //! A registration holds a [`UserCharge`]; the users with something pinned are kept in a short
 //! list, looked up at `REGISTER` under its lock. A charge is given back without the lock (an
 //! atomic subtraction), so a registration may end in any context; a user whose bytes are back at
@@ -47,11 +52,14 @@ unsafe extern "C" {
     fn gdirect_user_ns_owner(ns: *mut c_void) -> u32;
 }
 
-/// The bytes one user has pinned.
+/// The bytes one user has pinned, and its batched transfers running.
 struct UserPins {
     /// The real uid, as the kernel knows it (`kuid_t`, the initial namespace's value).
     uid: u32,
     bytes: Atomic<u64>,
+    /// Batched transfers queued or running, until their work item is done (each holds a
+    /// registration, so a user with one has bytes pinned too, and stays listed).
+    transfers: Atomic<u64>,
 }
 
 kernel::sync::global_lock! {
@@ -152,6 +160,7 @@ impl UserCharge {
                         UserPins {
                             uid,
                             bytes: Atomic::new(0),
+                            transfers: Atomic::new(0),
                         },
                         GFP_KERNEL,
                     )?;
@@ -170,6 +179,46 @@ impl UserCharge {
             }
         }
         Ok(charge)
+    }
+}
+
+impl UserCharge {
+    /// One more batched transfer for each account of the charge: `EDQUOT`, with nothing
+    /// taken, when one of them has `max_in_flight_per_user` running already.
+    pub(crate) fn start_transfer(&self) -> Result<TransferCharge> {
+        let max = match crate::max_in_flight_per_user() {
+            0 => u64::MAX,
+            max => u64::from(max),
+        };
+        let mut charge = TransferCharge {
+            users: KVec::with_capacity(self.users.len(), GFP_KERNEL)?,
+        };
+        for user in self.users.iter() {
+            // The accounts taken so far are given back by `charge`'s drop.
+            if !stats::reserve_within(&user.transfers, 1, max) {
+                return Err(error::over_user_transfer_limit());
+            }
+            // Room for every account was made above.
+            if let Err(PushError(user)) = charge.users.push_within_capacity(user.clone()) {
+                user.transfers.fetch_sub(1, Relaxed);
+                return Err(ENOMEM);
+            }
+        }
+        Ok(charge)
+    }
+}
+
+/// A batched transfer counted against each account of its registration's user, until dropped
+/// (when its work item is done).
+pub(crate) struct TransferCharge {
+    users: KVec<Arc<UserPins>>,
+}
+
+impl Drop for TransferCharge {
+    fn drop(&mut self) {
+        for user in self.users.iter() {
+            user.transfers.fetch_sub(1, Relaxed);
+        }
     }
 }
 

@@ -463,13 +463,18 @@ struct gdirect_io_args {
  * limit is cut at it).
  *
  * In flight are the transfers submitted and not yet reaped; a file may have at
- * most max_in_flight of them (module parameter, default 128). SUBMIT queues
- * entries in order until one is malformed or cannot be read (EFAULT) (its
- * index is reported in `submitted`, the entries before it are queued, and the
- * call fails with that entry's errno) or the limit is
- * reached (the call succeeds with submitted < count; it fails with EAGAIN only
- * when nothing could be queued). Errors of a transfer itself (EIO, ENOLINK, ...)
- * are reported in its completion.
+ * most max_in_flight of them (module parameter, default 128). The files of one
+ * user may have at most max_in_flight_per_user transfers queued or running
+ * (module parameter, default 1024; counted until each is done, reaped or not;
+ * the user is the one that opened the file, and the owners of the user
+ * namespaces it runs in, as for max_pinned_bytes_per_user), so that no user
+ * takes every worker. SUBMIT queues entries in order until one is malformed or
+ * cannot be read (EFAULT) (its index is reported in `submitted`, the entries
+ * before it are queued, and the call fails with that entry's errno) or a limit
+ * is reached (the call succeeds with submitted < count; it fails with EAGAIN
+ * when the file's limit left nothing to queue, EDQUOT when the user's did).
+ * Errors of a transfer itself (EIO, ENOLINK, ...) are reported in its
+ * completion.
  *
  * Notification: an eventfd registered with SET_EVENTFD is signalled once per
  * completion, so an event loop (epoll, io_uring, tokio) waits on it; REAP with

@@ -20,6 +20,9 @@
 //!                                 into kept GPU memory (64 slots at most), then
 //!                                 exit at once with them queued (never reaped): prints `va=`,
 //!                                 the memory to free later, and `submitted=`
+//!   user-cap DEV CAP              max_in_flight_per_user (the module loaded with CAP): uid 1000
+//!                                 queues 2 x CAP reads of DEV on one file and one on another
+//!                                 while root queues CAP (see the function)
 //!   inflight DEV COUNT            COUNT batched 1 MiB reads of the first 48 MiB of DEV (in turn)
 //!                                 into GPU memory, all reaped: how many
 //!                                 completed and with which errno, and how long it took
@@ -118,6 +121,10 @@ fn main() -> ExitCode {
         },
         Some("queue-exit") if args.len() == 3 => match args[2].parse() {
             Ok(count @ 1..=128) => queue_exit(&args[1], count),
+            _ => return usage(),
+        },
+        Some("user-cap") if args.len() == 3 => match args[2].parse() {
+            Ok(cap @ 1..=16) => user_cap(&args[1], cap),
             _ => return usage(),
         },
         Some("inflight") if args.len() == 3 => match args[2].parse() {
@@ -914,6 +921,105 @@ fn queue_exit(dev: &str, count: u64) -> gdirect::Result<()> {
     // Out without closing anything by hand or reaping: the exit closes the device file with
     // the reads still queued.
     std::process::exit(0)
+}
+
+/// The per-user cap on batched transfers (the module loaded with `max_in_flight_per_user=CAP`):
+/// a child that became uid 1000 (group gdirect; DEV opened before, as root) queues 2 x CAP reads
+/// of 4 MiB of DEV into GPU memory on one device file (`user_first=`: how many were queued,
+/// CAP), then one more on a second file of its own (`user_second_file=`: the library's error
+/// kind, `user_transfer_limit`); meanwhile root queues CAP on its own file (`root=`: all of
+/// them); once the child has reaped its reads, its second file queues one (`user_after=`).
+fn user_cap(dev: &str, cap: u64) -> gdirect::Result<()> {
+    use nix::unistd::{setgroups, setresgid, setresuid, Gid, Uid};
+    use std::io::Write as _;
+    const LEN: u64 = 4 << 20;
+    let fail = |what: &'static str| Error::Worker { what };
+    let (mut parent_end, mut child_end) =
+        std::os::unix::net::UnixStream::pair().map_err(|_| fail("socketpair"))?;
+    let step = |s: &mut std::os::unix::net::UnixStream| {
+        let mut b = [0u8; 1];
+        s.write_all(&[1]).is_ok() && s.read_exact(&mut b).is_ok()
+    };
+    let queue = |driver: &Driver, file: &File, count: u64| -> gdirect::Result<String> {
+        let gpu = Egpu::open()?;
+        let alloc = gpu.alloc(count * LEN)?;
+        let reg = driver.register(&alloc)?;
+        let mut b = Batch::new();
+        for i in 0..count {
+            b.read(file, &reg, i * LEN, i % 12 * LEN, LEN, i);
+        }
+        let queued = match driver.submit(&b, 0) {
+            Ok(n) => n.to_string(),
+            Err(e) => e.kind().to_string(),
+        };
+        Ok(queued)
+    };
+    let _ = std::io::stdout().flush();
+    // SAFETY: this program has no other thread; the child makes syscalls, transfers and prints.
+    match unsafe { nix::unistd::fork() } {
+        Err(_) => return Err(fail("fork")),
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(parent_end);
+            let mut run = || -> gdirect::Result<()> {
+                let file = File::open_direct(dev)?;
+                let (g, u) = (Gid::from_raw(1000), Uid::from_raw(1000));
+                if setgroups(&[Gid::from_raw(990)]).is_err()
+                    || setresgid(g, g, g).is_err()
+                    || setresuid(u, u, u).is_err()
+                {
+                    return Err(fail("become uid 1000"));
+                }
+                let (first, second) = (Driver::open()?, Driver::open()?);
+                let gpu = Egpu::open()?;
+                let alloc = gpu.alloc(2 * cap * LEN)?;
+                let reg = first.register(&alloc)?;
+                let mut b = Batch::new();
+                for i in 0..2 * cap {
+                    b.read(&file, &reg, i * LEN, i % 12 * LEN, LEN, i);
+                }
+                let queued = first.submit(&b, 0)?;
+                println!("user_first={queued}");
+                println!("user_second_file={}", queue(&second, &file, 1)?);
+                // Root queues its own meanwhile.
+                step(&mut child_end);
+                let mut reaped = 0;
+                while reaped < queued {
+                    reaped += first.reap(queued, true)?.len();
+                }
+                drop(reg);
+                let after = queue(&second, &file, 1)?;
+                println!("user_after={after}");
+                while second.reap(1, true)?.is_empty() {}
+                Ok(())
+            };
+            if let Err(e) = run() {
+                println!("user_error={}", e.kind());
+            }
+            let _ = std::io::stdout().flush();
+            // SAFETY: leaves the child without running the parent's destructors.
+            unsafe { nix::libc::_exit(0) }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            drop(child_end);
+            let mut b = [0u8; 1];
+            if parent_end.read_exact(&mut b).is_ok() {
+                let driver = Driver::open()?;
+                let file = File::open_direct(dev)?;
+                let root = queue(&driver, &file, cap)?;
+                println!("root={root}");
+                let _ = std::io::stdout().flush();
+                let _ = parent_end.write_all(&[1]);
+                if let Ok(n) = root.parse::<usize>() {
+                    let mut reaped = 0;
+                    while reaped < n {
+                        reaped += driver.reap(n, true)?.len();
+                    }
+                }
+            }
+            let _ = nix::sys::wait::waitpid(child, None);
+        }
+    }
+    Ok(())
 }
 
 fn inflight(dev: &str, count: u64) -> gdirect::Result<()> {

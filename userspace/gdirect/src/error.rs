@@ -170,9 +170,10 @@ pub enum Error {
     /// The module's pinned-bytes limit for the caller's user would be exceeded.
     #[error(
         "registering {len} more bytes would exceed the module's max_pinned_bytes_per_user limit \
-         of {limit} bytes: this user (real uid, all its processes) has {pinned} pinned (see \
-         `gdirect info`; an administrator sets it: `options gdirect \
-         max_pinned_bytes_per_user=N` in /etc/modprobe.d/gdirect.conf)"
+         of {limit} bytes, of the user that opened the device (real uid, all its processes: \
+         {pinned} pinned) or of a user whose user namespace it runs in (a container's uids \
+         share the limit of the user that made it) (see `gdirect info`; an administrator sets \
+         it: `options gdirect max_pinned_bytes_per_user=N` in /etc/modprobe.d/gdirect.conf)"
     )]
     UserPinLimit {
         /// The length asked for.
@@ -181,6 +182,19 @@ pub enum Error {
         pinned: u64,
         /// The limit.
         limit: u64,
+    },
+
+    /// The user has the most batched transfers running that the module allows one user.
+    #[error(
+        "no transfer of this batch was queued: the user that opened {path} has \
+         max_in_flight_per_user batched transfers queued or running already, over all its \
+         files and processes (or a user whose user namespace it runs in has); reap completions \
+         or wait for them, or an administrator raises the limit: `options gdirect \
+         max_in_flight_per_user=N` in /etc/modprobe.d/gdirect.conf"
+    )]
+    UserTransferLimit {
+        /// The device path.
+        path: PathBuf,
     },
 
     /// The file holds the most registrations the module allows.
@@ -461,6 +475,7 @@ impl Error {
             Self::UnknownPageTable { .. } => ErrorKind::UnknownPageTable,
             Self::PinLimit { .. } => ErrorKind::PinLimit,
             Self::UserPinLimit { .. } => ErrorKind::UserPinLimit,
+            Self::UserTransferLimit { .. } => ErrorKind::UserTransferLimit,
             Self::TooManyRegistrations => ErrorKind::TooManyRegistrations,
             Self::ProviderUnavailable { .. } => ErrorKind::ProviderUnavailable,
             Self::Revoked { .. } => ErrorKind::Revoked,
@@ -530,7 +545,9 @@ impl Error {
             Self::NotProviderMemory { .. } => Some(Errno::ENXIO),
             Self::NoStructPages { .. } => Some(Errno::EMEDIUMTYPE),
             Self::UnknownPageTable { .. } => Some(Errno::EPROTO),
-            Self::PinLimit { .. } | Self::UserPinLimit { .. } => Some(Errno::EDQUOT),
+            Self::PinLimit { .. } | Self::UserPinLimit { .. } | Self::UserTransferLimit { .. } => {
+                Some(Errno::EDQUOT)
+            }
             Self::TooManyRegistrations => Some(Errno::EMFILE),
             Self::ProviderUnavailable { .. } => Some(Errno::EOPNOTSUPP),
             Self::Revoked { .. } => Some(Errno::EKEYREVOKED),
@@ -619,6 +636,8 @@ pub enum ErrorKind {
     PinLimit,
     /// The module's pinned-bytes limit for one user ([`Error::UserPinLimit`]).
     UserPinLimit,
+    /// The module's limit on one user's batched transfers ([`Error::UserTransferLimit`]).
+    UserTransferLimit,
     /// The registrations limit of one handle ([`Error::TooManyRegistrations`]).
     TooManyRegistrations,
     /// The provider's driver is not loaded ([`Error::ProviderUnavailable`]).
@@ -693,6 +712,7 @@ impl ErrorKind {
             Self::UnknownPageTable => "unknown_page_table",
             Self::PinLimit => "pin_limit",
             Self::UserPinLimit => "user_pin_limit",
+            Self::UserTransferLimit => "user_transfer_limit",
             Self::TooManyRegistrations => "too_many_registrations",
             Self::ProviderUnavailable => "provider_unavailable",
             Self::Revoked => "revoked",

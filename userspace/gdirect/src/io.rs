@@ -815,7 +815,9 @@ pub struct Completion {
 impl Driver {
     /// Submits the batch's entries from `start` (`GDIRECT_IOC_SUBMIT`, at most [`BATCH_MAX`] at
     /// a time): returns how many were queued, which is less than asked when the file's
-    /// in-flight limit is reached (reap, then submit the rest).
+    /// in-flight limit or its user's is reached (reap, then submit the rest; 0 when the file's
+    /// left no room). [`Error::UserTransferLimit`] when the user's limit left no room: its
+    /// other files and processes hold it.
     pub fn submit(&self, batch: &Batch<'_>, start: usize) -> Result<usize> {
         self.submit_at_most(batch, start, BATCH_MAX)
     }
@@ -839,6 +841,9 @@ impl Driver {
             Ok(_) => Ok(args.submitted as usize),
             Err(Errno::EAGAIN) => Ok(0),
             Err(Errno::EXDEV) => Err(self.other_process()),
+            Err(Errno::EDQUOT) => Err(Error::UserTransferLimit {
+                path: self.path().to_path_buf(),
+            }),
             Err(errno) => Err(Error::Submit {
                 index: start + args.submitted as usize,
                 errno,

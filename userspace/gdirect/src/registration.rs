@@ -202,12 +202,15 @@ impl Driver {
             Errno::EMEDIUMTYPE => Error::NoStructPages { addr, len },
             Errno::EPROTO => Error::UnknownPageTable { addr, len },
             Errno::EACCES => Error::PersistentNeedsAdmin { addr, len },
-            // Which limit: the user's, when it is set and this registration goes past it.
+            // Which limit: the user's, when it is set and this registration goes past the
+            // opener's own account, or past that of a user whose namespace it runs in (which
+            // GET_INFO does not show) while the module's total has room.
             Errno::EDQUOT => match self.info() {
                 Ok(i)
                     if i.max_pinned_bytes_per_user != 0
-                        && i.user_pinned_bytes.saturating_add(len)
-                            > i.max_pinned_bytes_per_user =>
+                        && (i.user_pinned_bytes.saturating_add(len)
+                            > i.max_pinned_bytes_per_user
+                            || i.pinned_bytes.saturating_add(len) <= i.max_pinned_bytes) =>
                 {
                     Error::UserPinLimit {
                         len,

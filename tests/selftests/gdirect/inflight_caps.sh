@@ -1,0 +1,38 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# max_in_flight_per_user (loaded with 8): the batched transfers of one user,
+# over all its files, are capped so that no user takes every kernel worker.
+# uid 1000 queues 16 reads of 4 MiB from the namespace QEMU throttles to
+# 32 MB/s on one device file: 8 are queued (the file's own limit is 128);
+# one more on a second file of the same user is refused (EDQUOT, the library's
+# user_transfer_limit). Root, another user, queues 8 meanwhile. Once uid 1000
+# has reaped its reads, its second file queues again.
+
+. "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+
+trap _unload_all EXIT
+
+_require_root
+_require_cmd gdirect-io
+_unload_all
+insmod "$GDIRECT_MODULE" max_in_flight_per_user=8 ||
+	ktap_exit_fail_msg "cannot load $GDIRECT_MODULE with max_in_flight_per_user=8"
+_egpu_insmod || ktap_exit_fail_msg "cannot load $GDIRECT_EGPU_MODULE"
+_add_test_user
+chgrp gdirect /dev/gdirect /dev/gdirect_egpu && chmod 0660 /dev/gdirect_egpu
+slow=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL" 4) || ktap_exit_fail_msg "no namespace 4 of $GDIRECT_NVME0_SERIAL"
+
+ktap_print_header
+ktap_set_plan 5
+
+out=$(gdirect-io user-cap "$slow" 8 2>&1)
+ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
+_test "uid 1000 queues 16 reads on one file: 8 are queued" _expect_eq queued 8 "$(_kv "$out" user_first)"
+_test "one more on its second file is refused (EDQUOT: user_transfer_limit)" \
+	_expect_eq outcome user_transfer_limit "$(_kv "$out" user_second_file)"
+_test "root queues 8 meanwhile" _expect_eq queued 8 "$(_kv "$out" root)"
+_test "its reads reaped, uid 1000's second file queues one" _expect_eq queued 1 "$(_kv "$out" user_after)"
+_test "nothing stays registered or pinned" _expect_unpinned
+
+ktap_finished
