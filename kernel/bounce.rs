@@ -8,7 +8,10 @@
 //! One pool exists while the module is loaded (created at load, reachable through [`pool`]); it
 //! holds at most `bounce_buffers` chunks of [`CHUNK_BYTES`], allocated on first use and kept. A
 //! transfer takes one chunk at a time and waits (interruptibly) when all are in use, so host
-//! memory used for bouncing never exceeds the module parameter, whatever the load.
+//! memory used for bouncing never exceeds the module parameter, whatever the load. One user
+//! (the accounts of its pins, see `users`) holds at most `max_bounce_per_user` chunks at a time
+//! and waits for its own beyond that, so that one user's bounced transfers never hold every
+//! other user's waiting.
 
 use kernel::{
     bindings, new_condvar, new_mutex,
@@ -23,7 +26,11 @@ use kernel::{
 
 use crate::{
     io::Bvecs,
-    provider::PAGE_SIZE, //
+    provider::PAGE_SIZE,
+    users::{
+        BounceCharge,
+        UserCharge, //
+    },
 };
 
 /// Bytes in a chunk: 1 MiB.
@@ -84,27 +91,43 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// Takes a chunk, making one if the pool may grow, or waiting for one to come back.
+    /// Takes a chunk for `user`, making one if the pool may grow, or waiting for one to come
+    /// back, or for one of the user's own when it holds `max_bounce_per_user` already.
     /// `ERESTARTSYS` if a signal interrupts the wait.
-    pub(crate) fn acquire(self: &Arc<Self>) -> Result<ChunkGuard> {
+    pub(crate) fn acquire(self: &Arc<Self>, user: &UserCharge) -> Result<ChunkGuard> {
+        let cap = match crate::max_bounce_per_user() {
+            0 => u64::MAX,
+            cap => u64::from(cap),
+        };
         let mut inner = self.inner.lock();
         loop {
-            if let Some(chunk) = inner.free.pop() {
-                return Ok(ChunkGuard {
-                    pool: self.clone(),
-                    chunk: Some(chunk),
-                });
-            }
-            if inner.allocated < self.max_chunks {
+            // The users' counts change only under this lock (see `ChunkGuard::drop`), so what
+            // is seen here holds until the wait, which lets the lock go only once queued.
+            if user.bounce_below(cap)
+                && (!inner.free.is_empty() || inner.allocated < self.max_chunks)
+            {
+                let charge = user.start_bounce()?;
+                if let Some(chunk) = inner.free.pop() {
+                    return Ok(ChunkGuard {
+                        pool: self.clone(),
+                        chunk: Some(chunk),
+                        user: Some(charge),
+                    });
+                }
                 inner.allocated += 1;
                 drop(inner);
                 return match Self::new_chunk() {
                     Ok(chunk) => Ok(ChunkGuard {
                         pool: self.clone(),
                         chunk: Some(chunk),
+                        user: Some(charge),
                     }),
                     Err(e) => {
-                        self.inner.lock().allocated -= 1;
+                        let mut inner = self.inner.lock();
+                        inner.allocated -= 1;
+                        drop(charge);
+                        drop(inner);
+                        self.returned.notify_all();
                         Err(e)
                     }
                 };
@@ -124,10 +147,11 @@ impl Pool {
     }
 }
 
-/// A chunk taken from the pool; it goes back when dropped.
+/// A chunk taken from the pool for a user; both go back when dropped.
 pub(crate) struct ChunkGuard {
     pool: Arc<Pool>,
     chunk: Option<Chunk>,
+    user: Option<BounceCharge>,
 }
 
 impl ChunkGuard {
@@ -209,7 +233,11 @@ impl Drop for ChunkGuard {
         if inner.free.push(chunk, GFP_KERNEL).is_err() {
             inner.allocated -= 1;
         }
+        // The user's count goes down under the lock, as `acquire` reads it.
+        drop(self.user.take());
         drop(inner);
-        self.pool.returned.notify_one();
+        // Every waiter: the one a chunk could go to may be another than the next in line (that
+        // one's user may be at its cap).
+        self.pool.returned.notify_all();
     }
 }

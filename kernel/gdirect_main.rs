@@ -71,6 +71,10 @@ module! {
             default: 32,
             description: "1 MiB chunks of host memory the bounce path may use (default 32)",
         },
+        max_bounce_per_user: u32 {
+            default: 16,
+            description: "Most bounce chunks one user (and the users whose namespaces it runs in) may hold at a time, waiting for its own beyond; 0: only bounce_buffers applies (default 16)",
+        },
     },
 }
 
@@ -95,6 +99,11 @@ pub(crate) fn max_in_flight() -> u32 {
 /// The per-user limit on batched transfers running, 0 for none (module parameter).
 pub(crate) fn max_in_flight_per_user() -> u32 {
     *module_parameters::max_in_flight_per_user.value()
+}
+
+/// The per-user limit on bounce chunks held at a time, 0 for none (module parameter).
+pub(crate) fn max_bounce_per_user() -> u32 {
+    *module_parameters::max_bounce_per_user.value()
 }
 
 /// The module version, `major.minor.patch`, reported by `GET_INFO`.

@@ -620,7 +620,7 @@ impl Transfer {
         let pool = bounce::pool()?;
         let mut done = 0;
         while done < len {
-            let chunk = pool.acquire()?;
+            let chunk = pool.acquire(&self.reg.user)?;
             let n = (len - done).min(chunk.capacity());
             let (pos, buf) = (self.file_offset + done, self.buf_offset + done);
             let moved = match self.dir {

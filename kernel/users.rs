@@ -21,6 +21,9 @@
 //! so that no user takes every worker; `SUBMIT` queues no more past it (`EDQUOT` when it could
 //! queue none).
 //!
+//! Bounce chunks per user: `max_bounce_per_user` bounds the chunks of the bounce pool one user
+//! holds at a time (see `bounce`).
+//!
 //! A registration holds a [`UserCharge`]; the users with something pinned are kept in a short
 //! list, looked up at `REGISTER` under its lock. A charge is given back without the lock (an
 //! atomic subtraction), so a registration may end in any context; a user whose bytes are back at
@@ -60,6 +63,8 @@ struct UserPins {
     /// Batched transfers queued or running, until their work item is done (each holds a
     /// registration, so a user with one has bytes pinned too, and stays listed).
     transfers: Atomic<u64>,
+    /// Bounce chunks held (changed only under the bounce pool's lock).
+    bounce: Atomic<u64>,
 }
 
 kernel::sync::global_lock! {
@@ -161,6 +166,7 @@ impl UserCharge {
                             uid,
                             bytes: Atomic::new(0),
                             transfers: Atomic::new(0),
+                            bounce: Atomic::new(0),
                         },
                         GFP_KERNEL,
                     )?;
@@ -205,6 +211,42 @@ impl UserCharge {
             }
         }
         Ok(charge)
+    }
+}
+
+impl UserCharge {
+    /// Whether every account of the charge holds fewer than `cap` bounce chunks.
+    pub(crate) fn bounce_below(&self, cap: u64) -> bool {
+        self.users.iter().all(|u| u.bounce.load(Relaxed) < cap)
+    }
+
+    /// One more bounce chunk for each account (under the bounce pool's lock).
+    pub(crate) fn start_bounce(&self) -> Result<BounceCharge> {
+        let mut users = KVec::with_capacity(self.users.len(), GFP_KERNEL)?;
+        for user in self.users.iter() {
+            // Room for every account was made above.
+            if users.push_within_capacity(user.clone()).is_err() {
+                return Err(ENOMEM);
+            }
+        }
+        for user in users.iter() {
+            user.bounce.fetch_add(1, Relaxed);
+        }
+        Ok(BounceCharge { users })
+    }
+}
+
+/// A bounce chunk counted against each account of a user, until dropped (under the bounce
+/// pool's lock).
+pub(crate) struct BounceCharge {
+    users: KVec<Arc<UserPins>>,
+}
+
+impl Drop for BounceCharge {
+    fn drop(&mut self) {
+        for user in self.users.iter() {
+            user.bounce.fetch_sub(1, Relaxed);
+        }
     }
 }
 

@@ -23,6 +23,9 @@
 //!   user-cap DEV CAP              max_in_flight_per_user (the module loaded with CAP): uid 1000
 //!                                 queues 2 x CAP reads of DEV on one file and one on another
 //!                                 while root queues CAP (see the function)
+//!   bounce-cap DEV THREADS        THREADS threads of forced-bounce reads of DEV for 3 s, their
+//!                                 states sampled: the most of them in I/O at once
+//!                                 (`max_in_io=`; see the function)
 //!   inflight DEV COUNT            COUNT batched 1 MiB reads of the first 48 MiB of DEV (in turn)
 //!                                 into GPU memory, all reaped: how many
 //!                                 completed and with which errno, and how long it took
@@ -125,6 +128,10 @@ fn main() -> ExitCode {
         },
         Some("user-cap") if args.len() == 3 => match args[2].parse() {
             Ok(cap @ 1..=16) => user_cap(&args[1], cap),
+            _ => return usage(),
+        },
+        Some("bounce-cap") if args.len() == 3 => match args[2].parse() {
+            Ok(threads @ 2..=16) => bounce_cap(&args[1], threads),
             _ => return usage(),
         },
         Some("inflight") if args.len() == 3 => match args[2].parse() {
@@ -977,19 +984,44 @@ fn user_cap(dev: &str, cap: u64) -> gdirect::Result<()> {
                 for i in 0..2 * cap {
                     b.read(&file, &reg, i * LEN, i % 12 * LEN, LEN, i);
                 }
+                // The second file's read, made ready before the first file's submit.
+                let gpu2 = Egpu::open()?;
+                let alloc2 = gpu2.alloc(LEN)?;
+                let reg2 = second.register(&alloc2)?;
+                let mut b2 = Batch::new();
+                b2.read(&file, &reg2, 0, 0, LEN, 0);
                 let queued = first.submit(&b, 0)?;
                 println!("user_first={queued}");
-                println!("user_second_file={}", queue(&second, &file, 1)?);
+                // The throttle lets a first request through at once, and then one about every
+                // 125 ms: the second file queues into what completes until the user's 8 are in
+                // flight again, and is refused then.
+                let (mut second_queued, mut refusal) = (0, "no_refusal".to_string());
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+                while std::time::Instant::now() < deadline {
+                    match second.submit(&b2, 0) {
+                        Ok(n) => second_queued += n,
+                        Err(e) => {
+                            refusal = e.kind().to_string();
+                            break;
+                        }
+                    }
+                }
+                println!("user_second_file={refusal} user_second_file_queued={second_queued}");
                 // Root queues its own meanwhile.
                 step(&mut child_end);
                 let mut reaped = 0;
                 while reaped < queued {
                     reaped += first.reap(queued, true)?.len();
                 }
+                let mut reaped2 = 0;
+                while reaped2 < second_queued {
+                    reaped2 += second.reap(second_queued, true)?.len();
+                }
                 drop(reg);
                 let after = queue(&second, &file, 1)?;
                 println!("user_after={after}");
                 while second.reap(1, true)?.is_empty() {}
+                drop(reg2);
                 Ok(())
             };
             if let Err(e) = run() {
@@ -1019,6 +1051,114 @@ fn user_cap(dev: &str, cap: u64) -> gdirect::Result<()> {
             let _ = nix::sys::wait::waitpid(child, None);
         }
     }
+    Ok(())
+}
+
+/// `threads` threads of one user read DEV through the bounce path (forced) for 3 s, 4 MiB at a
+/// time, from the namespace QEMU throttles (so each chunk's read waits in the block layer):
+/// where each thread sleeps is sampled meanwhile, as the kernel tells
+/// (`/proc/self/task/TID/stat` and `wchan`), and the most of them at once asleep in
+/// `submit_bio_wait`, where a chunk's read waits (one waiting for a chunk sleeps interruptibly
+/// in the pool), is printed (`max_in_io=`), with the reads done (`reads=`, every byte checked
+/// against a buffered read of DEV: `bad=`) and where the most threads slept uninterruptibly at
+/// once (`most_asleep_at=`). With `max_bounce_per_user=1` the user holds one chunk at a time:
+/// at most one thread reads.
+fn bounce_cap(dev: &str, threads: u64) -> gdirect::Result<()> {
+    const LEN: u64 = 4 << 20;
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let file = File::open_direct(dev)?;
+    let mut want = vec![0u8; LEN as usize];
+    StdFile::open(dev)
+        .and_then(|mut f| f.read_exact(&mut want))
+        .map_err(|_| Error::Worker {
+            what: "cannot read DEV",
+        })?;
+    let poison = pattern(0xb0b0, LEN as usize);
+    let tids: Vec<std::sync::atomic::AtomicI32> = (0..threads)
+        .map(|_| std::sync::atomic::AtomicI32::new(0))
+        .collect();
+    let (reads, bad) = (AtomicU64::new(0), AtomicU64::new(0));
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let state = |tid: i32| -> Option<String> {
+        let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+        let (_, rest) = s.rsplit_once(')')?;
+        rest.split_whitespace().next().map(str::to_string)
+    };
+    let (mut max_in_io, mut max_asleep, mut samples) = (0, 0, 0);
+    let mut wchans = String::new();
+    std::thread::scope(|s| -> gdirect::Result<()> {
+        let mut workers = Vec::new();
+        for tid in tids.iter() {
+            let (driver, gpu, file, want, poison) = (&driver, &gpu, &file, &want, &poison);
+            let (reads, bad, stop) = (&reads, &bad, &stop);
+            workers.push(s.spawn(move || -> gdirect::Result<()> {
+                let mut alloc = gpu.alloc(LEN)?;
+                // SAFETY: `alloc` outlives `reg`; the CPU writes it only between this thread's
+                // transfers, which are synchronous.
+                let reg = unsafe { register_for_poisoning(driver, &alloc) }?;
+                tid.store(nix::unistd::gettid().as_raw(), Ordering::SeqCst);
+                let mut got = vec![0u8; LEN as usize];
+                while !stop.load(Ordering::SeqCst) {
+                    // Poisoned first: bytes the read did not deliver cannot pass for data.
+                    alloc.write(0, poison)?;
+                    let options = IoOptions::new().force_bounce(true);
+                    let t = file.read_into_with(&reg, 0, 0, LEN, options)?;
+                    alloc.read(0, &mut got)?;
+                    if t.bytes != LEN || got != *want {
+                        bad.fetch_add(1, Ordering::Relaxed);
+                    }
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+                drop(reg);
+                Ok(())
+            }));
+        }
+        let wchan = |t: i32| {
+            std::fs::read_to_string(format!("/proc/self/task/{t}/wchan"))
+                .map_or("?".into(), |w| w.trim().to_string())
+        };
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        while std::time::Instant::now() < end {
+            // Asleep uninterruptibly, each with where: a chunk's read waits in
+            // `submit_bio_wait`; a thread may also sleep so in a lock (mmap's, the pool's).
+            let asleep: Vec<(i32, String)> = tids
+                .iter()
+                .map(|t| t.load(Ordering::SeqCst))
+                .filter(|&t| t != 0 && state(t).as_deref() == Some("D"))
+                .map(|t| (t, wchan(t)))
+                .collect();
+            let in_io = asleep
+                .iter()
+                .filter(|(_, w)| w == "submit_bio_wait")
+                .count();
+            if in_io > max_in_io {
+                max_in_io = in_io;
+            }
+            if asleep.len() > max_asleep {
+                max_asleep = asleep.len();
+                wchans = asleep
+                    .iter()
+                    .map(|(_, w)| w.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",");
+            }
+            samples += 1;
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        stop.store(true, Ordering::SeqCst);
+        for w in workers {
+            w.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+        }
+        Ok(())
+    })?;
+    println!(
+        "threads={threads} max_in_io={max_in_io} samples={samples} reads={} bad={} \
+         most_asleep_at={}",
+        reads.load(Ordering::Relaxed),
+        bad.load(Ordering::Relaxed),
+        if wchans.is_empty() { "none" } else { &wchans }
+    );
     Ok(())
 }
 
