@@ -12,7 +12,7 @@
 #
 # max_bounce_per_user (loaded with 1, and bounce_buffers=4): 4 threads of
 # forced-bounce reads from the throttled namespace, their states sampled for
-# 3 s: never more than one asleep in submit_bio_wait at once (the one whose chunk
+# 3 s: never more than one waiting for its bio at once (the one whose chunk
 # is being read; the others wait for the user's chunk, interruptibly), every
 # byte right. With the per-user cap off, the same sampling sees two or more.
 
@@ -35,7 +35,11 @@ ktap_set_plan 9
 
 out=$(gdirect-io user-cap "$slow" 8 2>&1)
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
-_test "uid 1000 queues 16 reads on one file: 8 are queued" _expect_eq queued 8 "$(_kv "$out" user_first)"
+# A first read may be over before SUBMIT has looked at the last entries (the throttle lets a
+# first request through at once): then 8 plus those done are queued.
+first=$(_kv "$out" user_first) done=$(_kv "$out" user_first_done)
+_test "uid 1000 queues 16 reads on one file: 8, and one more for each that was done meanwhile" \
+	sh -c "[ '$first' -ge 8 ] && [ '$first' -lt 16 ] && [ \$(( $first - ${done:-0} )) -le 8 ]"
 _test "its second file is refused once the user's 8 are in flight (EDQUOT: user_transfer_limit)" \
 	_expect_eq outcome user_transfer_limit "$(_kv "$out" user_second_file)"
 _test "root queues 8 meanwhile" _expect_eq queued 8 "$(_kv "$out" root)"
