@@ -1063,8 +1063,8 @@ fn user_cap(dev: &str, cap: u64) -> gdirect::Result<()> {
 /// time, from the namespace QEMU throttles (so each chunk's read waits in the block layer):
 /// where each thread sleeps is sampled meanwhile, as the kernel tells
 /// (`/proc/self/task/TID/stat` and `wchan`), and the most of them at once asleep in
-/// `submit_bio_wait` (or `bio_await`), where a chunk's read waits for its bio (one waiting for
-/// a chunk sleeps interruptibly
+/// `submit_bio_wait` (or `bio_await`), in two samples in a row, where a chunk's read waits for
+/// its bio (one waiting for a chunk sleeps interruptibly
 /// in the pool), is printed (`max_in_io=`), with the reads done (`reads=`, every byte checked
 /// against a buffered read of DEV: `bad=`) and where the most threads slept uninterruptibly at
 /// once (`most_asleep_at=`). With `max_bounce_per_user=1` the user holds one chunk at a time:
@@ -1092,6 +1092,7 @@ fn bounce_cap(dev: &str, threads: u64) -> gdirect::Result<()> {
         rest.split_whitespace().next().map(str::to_string)
     };
     let (mut max_in_io, mut max_asleep, mut samples) = (0, 0, 0);
+    let mut last_in_io: Vec<i32> = Vec::new();
     let mut wchans = String::new();
     std::thread::scope(|s| -> gdirect::Result<()> {
         let mut workers = Vec::new();
@@ -1135,13 +1136,17 @@ fn bounce_cap(dev: &str, threads: u64) -> gdirect::Result<()> {
                 .map(|t| (t, wchan(t)))
                 .collect();
             // `bio_await` where a kernel did not inline it into `submit_bio_wait`.
-            let in_io = asleep
+            let in_io: Vec<i32> = asleep
                 .iter()
                 .filter(|(_, w)| w == "submit_bio_wait" || w == "bio_await")
-                .count();
-            if in_io > max_in_io {
-                max_in_io = in_io;
-            }
+                .map(|(t, _)| *t)
+                .collect();
+            // Counted only when seen in two passes in a row: one pass reads the threads one
+            // after another, so it may find one still waiting that has since handed its chunk
+            // on (a debug kernel's pass took long enough), but a chunk's read outlasts a pass.
+            let both = in_io.iter().filter(|t| last_in_io.contains(t)).count();
+            max_in_io = max_in_io.max(both);
+            last_in_io = in_io;
             if asleep.len() > max_asleep {
                 max_asleep = asleep.len();
                 wchans = asleep
