@@ -1063,7 +1063,7 @@ fn user_cap(dev: &str, cap: u64) -> gdirect::Result<()> {
 /// time, from the namespace QEMU throttles (so each chunk's read waits in the block layer):
 /// where each thread sleeps is sampled meanwhile, as the kernel tells
 /// (`/proc/self/task/TID/stat` and `wchan`), and the most of them at once asleep in
-/// `submit_bio_wait` (or `bio_await`), in two samples in a row, where a chunk's read waits for
+/// `submit_bio_wait` (or `bio_await`) in two rounds of looks, where a chunk's read waits for
 /// its bio (one waiting for a chunk sleeps interruptibly
 /// in the pool), is printed (`max_in_io=`), with the reads done (`reads=`, every byte checked
 /// against a buffered read of DEV: `bad=`) and where the most threads slept uninterruptibly at
@@ -1092,7 +1092,6 @@ fn bounce_cap(dev: &str, threads: u64) -> gdirect::Result<()> {
         rest.split_whitespace().next().map(str::to_string)
     };
     let (mut max_in_io, mut max_asleep, mut samples) = (0, 0, 0);
-    let mut last_in_io: Vec<i32> = Vec::new();
     let mut wchans = String::new();
     std::thread::scope(|s| -> gdirect::Result<()> {
         let mut workers = Vec::new();
@@ -1126,34 +1125,32 @@ fn bounce_cap(dev: &str, threads: u64) -> gdirect::Result<()> {
                 .map_or("?".into(), |w| w.trim().to_string())
         };
         let end = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        let in_io = |w: &str| w == "submit_bio_wait" || w == "bio_await";
         while std::time::Instant::now() < end {
-            // Asleep uninterruptibly, each with where: a chunk's read waits for its bio; a
-            // thread may also sleep so in a lock (mmap's, the pool's).
-            let asleep: Vec<(i32, String)> = tids
+            // Where each thread sleeps, twice over: `wchan` names where a task sleeps (0 once
+            // woken), and a chunk's read waits for its bio in `submit_bio_wait` (or `bio_await`,
+            // where a kernel did not inline it). A thread seen there in both rounds waited for
+            // one bio all along (another would need the chunk back, a read's 30 ms later), so two
+            // such threads were reading at once: the second's first look falls inside the
+            // first's two.
+            let ids: Vec<i32> = tids.iter().map(|t| t.load(Ordering::SeqCst)).collect();
+            let first: Vec<String> = ids.iter().map(|&t| wchan(t)).collect();
+            let second: Vec<String> = ids.iter().map(|&t| wchan(t)).collect();
+            let both = first
                 .iter()
-                .map(|t| t.load(Ordering::SeqCst))
-                .filter(|&t| t != 0 && state(t).as_deref() == Some("D"))
-                .map(|t| (t, wchan(t)))
-                .collect();
-            // `bio_await` where a kernel did not inline it into `submit_bio_wait`.
-            let in_io: Vec<i32> = asleep
-                .iter()
-                .filter(|(_, w)| w == "submit_bio_wait" || w == "bio_await")
-                .map(|(t, _)| *t)
-                .collect();
-            // Counted only when seen in two passes in a row: one pass reads the threads one
-            // after another, so it may find one still waiting that has since handed its chunk
-            // on (a debug kernel's pass took long enough), but a chunk's read outlasts a pass.
-            let both = in_io.iter().filter(|t| last_in_io.contains(t)).count();
+                .zip(&second)
+                .filter(|(a, b)| in_io(a) && in_io(b))
+                .count();
             max_in_io = max_in_io.max(both);
-            last_in_io = in_io;
+            let asleep: Vec<&str> = ids
+                .iter()
+                .zip(&second)
+                .filter(|(&t, _)| t != 0 && state(t).as_deref() == Some("D"))
+                .map(|(_, w)| w.as_str())
+                .collect();
             if asleep.len() > max_asleep {
                 max_asleep = asleep.len();
-                wchans = asleep
-                    .iter()
-                    .map(|(_, w)| w.as_str())
-                    .collect::<Vec<_>>()
-                    .join(",");
+                wchans = asleep.join(",");
             }
             samples += 1;
             std::thread::sleep(std::time::Duration::from_millis(2));
