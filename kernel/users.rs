@@ -196,8 +196,9 @@ impl UserCharge {
             0 => u64::MAX,
             max => u64::from(max),
         };
-        let mut charge = TransferCharge {
+        let mut charge = Counted {
             users: KVec::with_capacity(self.users.len(), GFP_KERNEL)?,
+            count: |u| &u.transfers,
         };
         for user in self.users.iter() {
             // The accounts taken so far are given back by `charge`'s drop.
@@ -232,37 +233,35 @@ impl UserCharge {
         for user in users.iter() {
             user.bounce.fetch_add(1, Relaxed);
         }
-        Ok(BounceCharge { users })
+        Ok(Counted {
+            users,
+            count: |u| &u.bounce,
+        })
     }
 }
 
-/// A bounce chunk counted against each account of a user, until dropped (under the bounce
-/// pool's lock).
-pub(crate) struct BounceCharge {
+/// One unit of a per-user count (`transfers`, `bounce`) on each account of a user, given back
+/// on drop.
+pub(crate) struct Counted {
     users: KVec<Arc<UserPins>>,
+    count: fn(&UserPins) -> &Atomic<u64>,
 }
 
-impl Drop for BounceCharge {
+impl Drop for Counted {
     fn drop(&mut self) {
         for user in self.users.iter() {
-            user.bounce.fetch_sub(1, Relaxed);
+            (self.count)(user).fetch_sub(1, Relaxed);
         }
     }
 }
 
 /// A batched transfer counted against each account of its registration's user, until dropped
 /// (when its work item is done).
-pub(crate) struct TransferCharge {
-    users: KVec<Arc<UserPins>>,
-}
+pub(crate) type TransferCharge = Counted;
 
-impl Drop for TransferCharge {
-    fn drop(&mut self) {
-        for user in self.users.iter() {
-            user.transfers.fetch_sub(1, Relaxed);
-        }
-    }
-}
+/// A bounce chunk counted against each account of a user, until dropped (under the bounce
+/// pool's lock).
+pub(crate) type BounceCharge = Counted;
 
 impl Drop for UserCharge {
     fn drop(&mut self) {

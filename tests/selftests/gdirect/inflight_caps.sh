@@ -46,18 +46,18 @@ _test "root queues 8 meanwhile" _expect_eq queued 8 "$(_kv "$out" root)"
 _test "its reads reaped, uid 1000's second file queues one" _expect_eq queued 1 "$(_kv "$out" user_after)"
 _test "nothing stays registered or pinned" _expect_unpinned
 
-# The bounce pool: one chunk per user at a time.
-_unload_all
-insmod "$GDIRECT_MODULE" bounce_buffers=4 max_bounce_per_user=1 ||
-	ktap_exit_fail_msg "cannot load $GDIRECT_MODULE with max_bounce_per_user=1"
-_egpu_insmod || ktap_exit_fail_msg "cannot load $GDIRECT_EGPU_MODULE"
-capped=$(gdirect-io bounce-cap "$slow" 4 2>&1)
+# The bounce pool: one chunk per user at a time, then no per-user cap.
+# bounce_run CAP: 4 threads of forced-bounce reads with max_bounce_per_user=CAP.
+bounce_run() {
+	_unload_all
+	insmod "$GDIRECT_MODULE" bounce_buffers=4 max_bounce_per_user="$1" ||
+		ktap_exit_fail_msg "cannot load $GDIRECT_MODULE with max_bounce_per_user=$1"
+	_egpu_insmod || ktap_exit_fail_msg "cannot load $GDIRECT_EGPU_MODULE"
+	gdirect-io bounce-cap "$slow" 4 2>&1
+}
+capped=$(bounce_run 1)
 ktap_print_msg "max_bounce_per_user=1: $(echo "$capped" | tr '\n' ' ')"
-_unload_all
-insmod "$GDIRECT_MODULE" bounce_buffers=4 max_bounce_per_user=0 ||
-	ktap_exit_fail_msg "cannot load $GDIRECT_MODULE with max_bounce_per_user=0"
-_egpu_insmod || ktap_exit_fail_msg "cannot load $GDIRECT_EGPU_MODULE"
-open=$(gdirect-io bounce-cap "$slow" 4 2>&1)
+open=$(bounce_run 0)
 ktap_print_msg "max_bounce_per_user=0: $(echo "$open" | tr '\n' ' ')"
 _test "4 threads of one user's bounced reads: never more than one reading at once" \
 	_expect_eq "most in I/O" 1 "$(_kv "$capped" max_in_io)"
