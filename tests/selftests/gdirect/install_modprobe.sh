@@ -90,8 +90,20 @@ udevadm settle -t 30
 limit=$(gdirect info --json 2>/dev/null | jq -r .limits.max_registrations)
 _test "with the option of /etc/modprobe.d/gdirect.conf (max_registrations=$limit)" _expect_eq max_registrations 4242 "$limit"
 owner=$(stat -c '%G %a' /dev/gdirect)
+# systemd-udevd (v252) drops a control message whose credentials it cannot read ("Invalid
+# sender uid 65534, ignoring message": seen once in many runs on the TCG rig), and then the
+# install's reload of the rules never happened. That is udevd's loss, not the install's: the
+# reload is asked again, once, and said; the node must then be right.
+if [ "$owner" != "gdirect 660" ] && grep -q 'ignoring message' "$work/udevd.log"; then
+	ktap_print_msg "udevd dropped a control message ($(grep 'ignoring message' "$work/udevd.log" | head -1)): reload asked again"
+	udevadm control --reload-rules && udevadm trigger --action=add /sys/class/misc/gdirect && udevadm settle -t 30
+	owner=$(stat -c '%G %a' /dev/gdirect)
+fi
 _test "udev gave /dev/gdirect group gdirect, mode 660 ($owner)" _expect_eq node "gdirect 660" "$owner"
-[ "$owner" = "gdirect 660" ] || sed 's/^/# udevd: /' "$work/udevd.log"
+if [ "$owner" != "gdirect 660" ]; then
+	ktap_print_msg "node gid $(stat -c %g /dev/gdirect); /etc/group has: $(grep '^gdirect:' /etc/group)"
+	sed 's/^/# udevd: /' "$work/udevd.log"
+fi
 
 # The data namespace, readable by the test user for this check only (as permissions.sh does).
 ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
