@@ -67,6 +67,14 @@ module! {
             default: 1024,
             description: "Most batched transfers the files of one user (and of the users whose namespaces it runs in) may have running, over all its files and processes; 0: only max_in_flight per file applies (default 1024)",
         },
+        max_in_flight_bytes: u64 {
+            default: 64 << 20,
+            description: "Most bytes of storage I/O one registration may have running on its memory, the most a free of the memory (cudaFree) waits for; 0: no cap (default 64 MiB)",
+        },
+        max_in_flight_bytes_per_user: u64 {
+            default: 256 << 20,
+            description: "Most bytes of storage I/O the transfers of one user (and of the users whose namespaces it runs in) may have running, its share of a drive's queue; 0: no cap (default 256 MiB)",
+        },
         bounce_buffers: u32 {
             default: 32,
             description: "1 MiB chunks of host memory the bounce path may use (default 32)",
@@ -99,6 +107,16 @@ pub(crate) fn max_in_flight() -> u32 {
 /// The per-user limit on batched transfers running, 0 for none (module parameter).
 pub(crate) fn max_in_flight_per_user() -> u32 {
     *module_parameters::max_in_flight_per_user.value()
+}
+
+/// The per-registration cap on bytes of storage I/O running, 0 for none (module parameter).
+pub(crate) fn max_in_flight_bytes() -> u64 {
+    *module_parameters::max_in_flight_bytes.value()
+}
+
+/// The per-user cap on bytes of storage I/O running, 0 for none (module parameter).
+pub(crate) fn max_in_flight_bytes_per_user() -> u64 {
+    *module_parameters::max_in_flight_bytes_per_user.value()
 }
 
 /// The per-user limit on bounce chunks held at a time, 0 for none (module parameter).
@@ -152,7 +170,7 @@ impl kernel::InPlaceModule for GdirectModule {
         try_pin_init!(Self {
             // First: registrations look users up from the first open on.
             // SAFETY: this is the module's init, before the device exists.
-            _users: unsafe { users::Users::init() },
+            _users: unsafe { users::Users::init()? },
             _bounce: {
                 bounce::init(*module_parameters::bounce_buffers.value())?;
                 BouncePool

@@ -591,13 +591,18 @@ impl Transfer {
 
     /// DMA straight between the file and the registration's pages, [`DIRECT_CHUNK`] bytes at a
     /// time, each under its own use of the pages: a revocation (`cudaFree`) waits for the chunk
-    /// in flight, not for the rest of the transfer, which then fails with `EKEYREVOKED`.
+    /// in flight, not for the rest of the transfer, which then fails with `EKEYREVOKED`. The
+    /// chunks of all the transfers on one registration stay within `max_in_flight_bytes`, so a
+    /// revocation waits for that much storage I/O at most.
     fn direct(&self, len: u64) -> Result<(u64, bool, u64)> {
         let mut done = 0;
         while done < len {
             let n = (len - done).min(DIRECT_CHUNK);
             let got = {
-                let _use = self.reg.shared.begin_use()?;
+                // Room in the user's share of the storage first, then in the registration's
+                // (what a revocation waits for): neither is held while the other is awaited.
+                let _io = self.reg.user.start_io(n)?;
+                let _use = self.reg.shared.begin_io(n)?;
                 let bvecs = bvecs(&self.reg, self.buf_offset + done, n)?;
                 direct_io(
                     &self.file,
@@ -626,7 +631,10 @@ impl Transfer {
             let moved = match self.dir {
                 Dir::Read => {
                     let bvecs = chunk.bvecs(n)?;
-                    let got = direct_io(&self.file, Dir::Read, pos, bvecs.as_slice(), n)?;
+                    let got = {
+                        let _io = self.reg.user.start_io(n)?;
+                        direct_io(&self.file, Dir::Read, pos, bvecs.as_slice(), n)?
+                    };
                     let _use = self.reg.shared.begin_use()?;
                     copy_device(&self.reg, buf, got, |off, dev, n| {
                         // SAFETY: `dev` addresses `n` bytes of mapped memory (`copy_device`).
@@ -643,6 +651,7 @@ impl Transfer {
                         })?;
                     }
                     let bvecs = chunk.bvecs(n)?;
+                    let _io = self.reg.user.start_io(n)?;
                     direct_io(&self.file, Dir::Write, pos, bvecs.as_slice(), n)?
                 }
             };

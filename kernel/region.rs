@@ -156,6 +156,9 @@ struct SharedInner {
     revoked: bool,
     /// Operations using the pages now.
     users: u32,
+    /// The bytes of storage I/O those uses have running on the pages: what a revocation waits
+    /// for, kept within `max_in_flight_bytes` by [`RegShared::begin_io`].
+    io_bytes: u64,
     callback: Callback,
     peers: KVec<PeerMapping>,
     /// Set once nvidia pages are pinned.
@@ -177,14 +180,17 @@ pub(crate) struct RegShared {
     changed: CondVar,
 }
 
-/// A use of a registration's pages; revocation waits for it to end.
-pub(crate) struct UseGuard<'a>(&'a RegShared);
+/// A use of a registration's pages, with the bytes of storage I/O it runs on them; revocation
+/// waits for it to end.
+pub(crate) struct UseGuard<'a>(&'a RegShared, u64);
 
 impl Drop for UseGuard<'_> {
     fn drop(&mut self) {
         let mut inner = self.0.inner.lock();
         inner.users -= 1;
-        if inner.users == 0 {
+        inner.io_bytes -= self.1;
+        // A revocation waits for no use; an I/O may wait for room under the cap.
+        if inner.users == 0 || self.1 > 0 {
             self.0.changed.notify_all();
         }
     }
@@ -197,6 +203,7 @@ impl RegShared {
                 inner <- new_mutex!(SharedInner {
                     revoked: false,
                     users: 0,
+                    io_bytes: 0,
                     callback: Callback::None,
                     peers: KVec::new(),
                     nvidia: None,
@@ -224,7 +231,33 @@ impl RegShared {
             return Err(error::revoked());
         }
         inner.users += 1;
-        Ok(UseGuard(self))
+        Ok(UseGuard(self, 0))
+    }
+
+    /// Starts a use of the pages that runs `bytes` of storage I/O on them: waits while the
+    /// registration's I/O has `max_in_flight_bytes` running already (the first one always
+    /// starts, whatever its size), so that a revocation never waits for more than that;
+    /// `EKEYREVOKED` once revoked (a waiter too), `ERESTARTSYS` on a signal.
+    pub(crate) fn begin_io(&self, bytes: u64) -> Result<UseGuard<'_>> {
+        let cap = match crate::max_in_flight_bytes() {
+            0 => u64::MAX,
+            cap => cap,
+        };
+        let mut inner = self.inner.lock();
+        loop {
+            if inner.revoked {
+                return Err(error::revoked());
+            }
+            if inner.io_bytes == 0 || inner.io_bytes.saturating_add(bytes) <= cap {
+                break;
+            }
+            if self.changed.wait_interruptible(&mut inner) {
+                return Err(ERESTARTSYS);
+            }
+        }
+        inner.users += 1;
+        inner.io_bytes += bytes;
+        Ok(UseGuard(self, bytes))
     }
 
     /// The map type from the registration's owner to `dev`: `compute`d once per storage device
@@ -257,6 +290,8 @@ impl RegShared {
     pub(crate) fn revoke(&self) -> (KVec<PeerMapping>, Option<NvidiaRevoke>) {
         let mut inner = self.inner.lock();
         inner.revoked = true;
+        // I/O waiting for room under the cap fails now instead.
+        self.changed.notify_all();
         while inner.users > 0 {
             self.changed.wait(&mut inner);
         }

@@ -24,6 +24,14 @@
 //! Bounce chunks per user: `max_bounce_per_user` bounds the chunks of the bounce pool one user
 //! holds at a time (see `bounce`).
 //!
+//! Storage I/O per user: `max_in_flight_bytes_per_user` bounds the bytes of storage I/O the
+//! transfers of one user have running at a time ([`UserCharge::start_io`]; beyond it, an I/O
+//! waits for the user's own to end), so that one user fills at most that much of a drive's
+//! queue: a free of another user's memory waits behind no more than that of it (see the
+//! README's bound on a free's wait). The counts change under one gate, which the waiters sleep
+//! on; a transfer takes its room before it starts a use of the registration's pages
+//! (`RegShared::begin_io`), and holds neither while it waits.
+//!
 //! A registration holds a [`UserCharge`]; the users with something pinned are kept in a short
 //! list, looked up at `REGISTER` under its lock. A charge is given back without the lock (an
 //! atomic subtraction), so a registration may end in any context; a user whose bytes are back at
@@ -32,14 +40,15 @@
 use core::ffi::c_void;
 use kernel::{
     alloc::kvec::PushError,
-    bindings,
+    bindings, new_condvar, new_mutex,
     prelude::*,
     sync::{
         atomic::{
             Atomic,
             Relaxed, //
         },
-        Arc, //
+        Arc,
+        CondVar, //
     },
 };
 
@@ -65,6 +74,23 @@ struct UserPins {
     transfers: Atomic<u64>,
     /// Bounce chunks held (changed only under the bounce pool's lock).
     bounce: Atomic<u64>,
+    /// Bytes of storage I/O running (changed only under [`IoGate::lock`]).
+    io_bytes: Atomic<u64>,
+}
+
+/// Where storage I/O waits for room under `max_in_flight_bytes_per_user`.
+#[pin_data]
+struct IoGate {
+    /// Every user's `io_bytes` changes under it.
+    #[pin]
+    lock: kernel::sync::Mutex<()>,
+    #[pin]
+    returned: CondVar,
+}
+
+kernel::sync::global_lock! {
+    // SAFETY: `Users::init` initializes it from the module's init, before any file is opened.
+    unsafe(uninit) static IO_GATE: Mutex<Option<Arc<IoGate>>> = None;
 }
 
 kernel::sync::global_lock! {
@@ -81,10 +107,21 @@ impl Users {
     /// # Safety
     ///
     /// Called once, from the module's init, before anything uses the list.
-    pub(crate) unsafe fn init() -> Self {
+    pub(crate) unsafe fn init() -> Result<Self> {
         // SAFETY: the caller's contract.
-        unsafe { USERS.init() };
-        Self
+        unsafe {
+            USERS.init();
+            IO_GATE.init();
+        }
+        let gate = Arc::pin_init(
+            pin_init!(IoGate {
+                lock <- new_mutex!((), "users::IoGate::lock"),
+                returned <- new_condvar!("users::IoGate::returned"),
+            }),
+            GFP_KERNEL,
+        )?;
+        *IO_GATE.lock() = Some(gate);
+        Ok(Self)
     }
 }
 
@@ -94,6 +131,8 @@ impl Drop for Users {
         // the list still holds (users whose bytes went back to zero since the last lookup).
         let users = core::mem::take(&mut *USERS.lock());
         drop(users);
+        let gate = IO_GATE.lock().take();
+        drop(gate);
     }
 }
 
@@ -140,6 +179,7 @@ pub(crate) fn bytes_of(opener: &Opener) -> u64 {
 pub(crate) struct UserCharge {
     users: KVec<Arc<UserPins>>,
     bytes: u64,
+    gate: Arc<IoGate>,
 }
 
 impl UserCharge {
@@ -153,6 +193,7 @@ impl UserCharge {
         let mut charge = Self {
             users: KVec::with_capacity(opener.uids.len(), GFP_KERNEL)?,
             bytes,
+            gate: IO_GATE.lock().clone().ok_or(ENODEV)?,
         };
         let mut users = USERS.lock();
         // Users with nothing pinned leave; none is being charged (that happens under the lock).
@@ -167,6 +208,7 @@ impl UserCharge {
                             bytes: Atomic::new(0),
                             transfers: Atomic::new(0),
                             bounce: Atomic::new(0),
+                            io_bytes: Atomic::new(0),
                         },
                         GFP_KERNEL,
                     )?;
@@ -237,6 +279,53 @@ impl UserCharge {
             users,
             count: |u| &u.bounce,
         })
+    }
+}
+
+impl UserCharge {
+    /// Room for `bytes` of storage I/O on each account of the charge: waits while one of them
+    /// has `max_in_flight_bytes_per_user` running (an account with none running always has
+    /// room, whatever the size), `ERESTARTSYS` on a signal.
+    pub(crate) fn start_io(&self, bytes: u64) -> Result<IoCharge<'_>> {
+        let cap = match crate::max_in_flight_bytes_per_user() {
+            0 => u64::MAX,
+            cap => cap,
+        };
+        let room = |u: &Arc<UserPins>| {
+            let running = u.io_bytes.load(Relaxed);
+            running == 0 || running.saturating_add(bytes) <= cap
+        };
+        let mut gate = self.gate.lock.lock();
+        while !self.users.iter().all(room) {
+            if self.gate.returned.wait_interruptible(&mut gate) {
+                return Err(ERESTARTSYS);
+            }
+        }
+        for user in self.users.iter() {
+            user.io_bytes.fetch_add(bytes, Relaxed);
+        }
+        Ok(IoCharge {
+            charge: self,
+            bytes,
+        })
+    }
+}
+
+/// Bytes of storage I/O counted against each account of a user, until dropped.
+pub(crate) struct IoCharge<'a> {
+    charge: &'a UserCharge,
+    bytes: u64,
+}
+
+impl Drop for IoCharge<'_> {
+    fn drop(&mut self) {
+        let gate = self.charge.gate.lock.lock();
+        for user in self.charge.users.iter() {
+            user.io_bytes.fetch_sub(self.bytes, Relaxed);
+        }
+        drop(gate);
+        // Every waiter: the one with room now may be another than the next in line.
+        self.charge.gate.returned.notify_all();
     }
 }
 

@@ -681,25 +681,32 @@ impl Egpu {
     /// `nvidia_p2p_dma_unmap_pages` from the callback finds it, as in nvidia.ko), and only
     /// then unlinks and frees the table (`nv_p2p_mem_info_free_callback`: the callback, then
     /// `nv_p2p_free_page_table`). Returns the numbers of callbacks run and of persistent
-    /// mappings that keep their memory.
-    fn free_and_revoke(&self, owner: u64, va: Option<u64>, delay_us: u32) -> Result<(u32, u32)> {
+    /// mappings that keep their memory, and how long the callbacks ran (the lock held for them).
+    fn free_and_revoke(&self, owner: u64, va: Option<u64>, delay_us: u32) -> Result<Freed> {
         let api = api_lock()?;
         let (revoke, deferred) = self.begin_free(owner, va)?;
         let callbacks = revoke.len() as u32;
         if delay_us > 0 && callbacks > 0 {
             kernel::time::delay::fsleep(kernel::time::Delta::from_micros(i64::from(delay_us)));
         }
+        let mut callback_ns = 0;
         for r in revoke {
             if let Some(callback) = r.callback {
+                let start = kernel::time::Instant::<kernel::time::Monotonic>::now();
                 // SAFETY: the callback and its data were given to `nvidia_p2p_get_pages` for
                 // this page table, which stays linked and valid until after it returns.
                 unsafe { callback(r.data) };
+                callback_ns += start.elapsed().as_nanos().max(0) as u64;
                 self.callbacks.fetch_add(1, Relaxed);
             }
             self.unlink(r.table);
         }
         drop(api);
-        Ok((callbacks, deferred))
+        Ok(Freed {
+            callbacks,
+            deferred,
+            callback_ns,
+        })
     }
 
     /// Unlinks a page table from its allocation (the allocation goes too once freed and
@@ -845,7 +852,7 @@ impl Drop for Binding {
         }
         let mut leaked = 0;
         for owner in owners {
-            if let Ok((_, deferred)) = self.egpu.free_and_revoke(owner, None, 0) {
+            if let Ok(Freed { deferred, .. }) = self.egpu.free_and_revoke(owner, None, 0) {
                 leaked += deferred;
             }
         }
@@ -998,6 +1005,7 @@ struct FreeArgs {
     delay_us: u32,
     callbacks: u32,
     deferred: u32,
+    callback_ns: u64,
 }
 /// The arguments of `EGPU_IOC_INFO` (`struct egpu_info_args`).
 #[repr(C)]
@@ -1017,7 +1025,7 @@ struct InfoArgs {
     bar1_used: u64,
 }
 kernel::static_assert!(core::mem::size_of::<AllocArgs>() == 32);
-kernel::static_assert!(core::mem::size_of::<FreeArgs>() == 24);
+kernel::static_assert!(core::mem::size_of::<FreeArgs>() == 32);
 kernel::static_assert!(core::mem::size_of::<InfoArgs>() == 80);
 // SAFETY: `repr(C)` integer-only structs without padding (sizes checked above).
 unsafe impl FromBytes for AllocArgs {}
@@ -1050,11 +1058,18 @@ struct FreeJob {
     #[pin]
     done: kernel::sync::Completion,
     #[pin]
-    result: Mutex<Option<Result<(u32, u32)>>>,
+    result: Mutex<Option<Result<Freed>>>,
+}
+
+/// What a free did: callbacks run, persistent mappings deferred, and the callbacks' time.
+struct Freed {
+    callbacks: u32,
+    deferred: u32,
+    callback_ns: u64,
 }
 
 /// Runs `free_and_revoke` on the system's unbound workqueue and waits for it.
-fn free_from_worker(egpu: Arc<Egpu>, owner: u64, va: u64, delay_us: u32) -> Result<(u32, u32)> {
+fn free_from_worker(egpu: Arc<Egpu>, owner: u64, va: u64, delay_us: u32) -> Result<Freed> {
     let job = Arc::pin_init(
         pin_init!(FreeJob {
             done <- kernel::sync::Completion::new(),
@@ -1135,11 +1150,13 @@ impl MiscDevice for EgpuFile {
                 } else {
                     me.id
                 };
-                (f.callbacks, f.deferred) = if f.flags & FREE_FROM_WORKER != 0 {
+                let freed = if f.flags & FREE_FROM_WORKER != 0 {
                     free_from_worker(egpu, owner, f.va, f.delay_us)?
                 } else {
                     egpu.free_and_revoke(owner, Some(f.va), f.delay_us)?
                 };
+                (f.callbacks, f.deferred, f.callback_ns) =
+                    (freed.callbacks, freed.deferred, freed.callback_ns);
                 w.write(&f)?;
             }
             IOC_INFO => {

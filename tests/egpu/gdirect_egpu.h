@@ -96,6 +96,11 @@ struct egpu_free_args {
 	/* out: how many mappings the free revoked (callbacks run) or deferred (persistent) */
 	__u32 callbacks;
 	__u32 deferred;
+	/*
+	 * out: how long the clients' free callbacks ran, in ns, all together (the time the
+	 * driver's lock is held for them: every other user of the GPU driver waits that long)
+	 */
+	__u64 callback_ns;
 };
 
 struct egpu_info_args {

@@ -14,8 +14,15 @@
 //!                                 through the bounce path: the module's copy into GPU memory
 //!                                 races the free)
 //!   revoke-latency DEV MIB        one synchronous MIB MiB read of DEV into GPU memory, freed
-//!                                 0.3 s after it started: how long the free took, and whether
-//!                                 the read was still running when the free returned
+//!                                 0.3 s after it started: how long the free took, how long its
+//!                                 callback ran (the emulated GPU's time), and whether the read
+//!                                 was still running when the free returned
+//!   free-bound DEV THREADS MIB REGS
+//!                                 THREADS threads read MIB MiB of DEV again and again, each into
+//!                                 its own part of REGS registrations of GPU memory (in turn),
+//!                                 until the first registration's memory is freed 0.3 s after
+//!                                 they start: how long the free callbacks ran, as the emulated
+//!                                 GPU timed them (`callback_ms=`), and each read's outcome
 //!   queue-exit DEV COUNT          COUNT batched 2 MiB reads of the first 48 MiB of DEV (in turn)
 //!                                 into kept GPU memory (64 slots at most), then
 //!                                 exit at once with them queued (never reaped): prints `va=`,
@@ -122,6 +129,14 @@ fn main() -> ExitCode {
             Ok(mib @ 1..=256) => revoke_latency(&args[1], mib),
             _ => return usage(),
         },
+        Some("free-bound") if args.len() == 5 => {
+            match (args[2].parse(), args[3].parse(), args[4].parse()) {
+                (Ok(threads @ 1..=64), Ok(mib @ 1..=16), Ok(regs @ 1..=4)) => {
+                    free_bound(&args[1], threads, mib, regs)
+                }
+                _ => return usage(),
+            }
+        }
         Some("queue-exit") if args.len() == 3 => match args[2].parse() {
             Ok(count @ 1..=128) => queue_exit(&args[1], count),
             _ => return usage(),
@@ -457,6 +472,17 @@ fn credwrite(batched: bool, path: &str, offset: u64, len: u64) -> gdirect::Resul
 }
 
 /// `len` bytes of `dev` at `offset`, read through the page cache (the reference).
+/// The size of `dev` (a block device or a file), in bytes.
+fn file_len(dev: &str) -> gdirect::Result<u64> {
+    let err = |e: std::io::Error| Error::OpenFile {
+        path: dev.into(),
+        errno: Errno::from_raw(e.raw_os_error().unwrap_or(5)),
+    };
+    StdFile::open(dev)
+        .and_then(|mut f| f.seek(SeekFrom::End(0)))
+        .map_err(err)
+}
+
 fn buffered(dev: &str, offset: u64, len: usize) -> gdirect::Result<Vec<u8>> {
     let err = |e: std::io::Error| Error::OpenFile {
         path: dev.into(),
@@ -1259,15 +1285,17 @@ fn revoke_latency(dev: &str, mib: u64) -> gdirect::Result<()> {
             freed.as_ref().is_ok_and(|r| r.callbacks == 1),
             || format!("{freed:?}"),
         );
-        (reader.join(), free_ms, free_end)
+        let callback_ms = freed.map_or(0, |r| r.callback_time.as_millis());
+        (reader.join(), (free_ms, callback_ms), free_end)
     });
+    let (free_ms, callback_ms) = free_ms;
     let Ok((read, read_end)) = read else {
         check("read thread", false, || "panicked".into());
         return Ok(());
     };
     let revoked = matches!(read, Err(Error::Revoked { .. }));
     println!(
-        "read_mib={mib} free_ms={free_ms} read_ms={} free_returned_before_read_ended={} read_revoked={revoked}",
+        "read_mib={mib} free_ms={free_ms} callback_ms={callback_ms} read_ms={} free_returned_before_read_ended={} read_revoked={revoked}",
         read_end.as_millis(),
         free_end < read_end
     );
@@ -1277,6 +1305,83 @@ fn revoke_latency(dev: &str, mib: u64) -> gdirect::Result<()> {
         || format!("{read:?}"),
     );
     drop(reg);
+    Ok(())
+}
+
+/// The wait of a free behind the storage I/O running on the memory (see the command's help):
+/// `threads` synchronous reads of `mib` MiB from `dev`, spread over `regs` registrations of
+/// their own allocations, started together; 0.3 s later the first allocation is freed, and the
+/// emulated GPU reports how long the module's free callback held its lock. Each read either
+/// completes whole or fails with `EKEYREVOKED` (the freed memory), nothing else; the threads
+/// stop at the free. Prints `callback_ms=`, `reads_ok=`, `reads_revoked=`.
+fn free_bound(dev: &str, threads: u64, mib: u64, regs: u64) -> gdirect::Result<()> {
+    use std::sync::{atomic::AtomicBool, Barrier};
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let len = mib << 20;
+    let per_reg = threads.div_ceil(regs);
+    let allocs = (0..regs)
+        .map(|_| gpu.alloc(per_reg * len))
+        .collect::<gdirect::Result<Vec<_>>>()?;
+    let registrations = allocs
+        .iter()
+        .map(|a| driver.register(a))
+        .collect::<gdirect::Result<Vec<_>>>()?;
+    let file = File::open_direct(dev)?;
+    let dev_len = file_len(dev)?;
+    let (ok, revoked, other) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let stop = AtomicBool::new(false);
+    let start = Barrier::new(threads as usize + 1);
+    let freed = std::thread::scope(|s| {
+        for t in 0..threads {
+            let (reg, file, stop, start) =
+                (&registrations[(t % regs) as usize], &file, &stop, &start);
+            let (ok, revoked, other) = (&ok, &revoked, &other);
+            s.spawn(move || {
+                let buf = (t / regs) * len;
+                let pos = (t * len) % (dev_len - dev_len % len).max(len);
+                start.wait();
+                while !stop.load(Ordering::Relaxed) {
+                    match file.read_into(reg, buf, pos, len) {
+                        Ok(t) if t.bytes == len => ok.fetch_add(1, Ordering::Relaxed),
+                        Err(Error::Revoked { .. }) => {
+                            revoked.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                        r => {
+                            println!("read: {r:?}");
+                            other.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                }
+            });
+        }
+        start.wait();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let freed = gpu.free_va(allocs[0].va());
+        stop.store(true, Ordering::Relaxed);
+        freed
+    });
+    let freed = freed?;
+    check(
+        "the free ran the registration's callback",
+        freed.callbacks == 1,
+        || format!("{freed:?}"),
+    );
+    let (ok, revoked, other) = (ok.into_inner(), revoked.into_inner(), other.into_inner());
+    println!(
+        "callback_ms={} reads_ok={ok} reads_revoked={revoked} reads_other={other}",
+        freed.callback_time.as_millis()
+    );
+    check("every read whole or EKEYREVOKED", other == 0, || {
+        format!("{other} others")
+    });
+    check(
+        "reads of the freed memory stopped with EKEYREVOKED",
+        revoked > 0,
+        || "none".into(),
+    );
+    drop(registrations);
     Ok(())
 }
 

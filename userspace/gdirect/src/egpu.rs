@@ -116,6 +116,9 @@ pub struct FreeReport {
     pub callbacks: u32,
     /// Persistent registrations that keep the memory until they end.
     pub deferred: u32,
+    /// How long the free callbacks ran, all together, as the emulated driver timed them: the
+    /// time its lock was held for them, which every other user of the driver waits.
+    pub callback_time: std::time::Duration,
 }
 
 fn ioctl_error(ioctl: &'static str, errno: Errno) -> Error {
@@ -332,6 +335,7 @@ impl Egpu {
         Ok(FreeReport {
             callbacks: args.callbacks,
             deferred: args.deferred,
+            callback_time: std::time::Duration::from_nanos(args.callback_ns),
         })
     }
 }

@@ -14,7 +14,7 @@ pub const EGPU_PAGEDIR_MAGIC: u64 = 3553983613786670917;
 pub const EGPU_PAGEDIR_HEADER: u32 = 16;
 pub const EGPU_FREE_MAX_DELAY_US: u32 = 1000000;
 pub const EGPU_IOC_ALLOC: u32 = 3223377664;
-pub const EGPU_IOC_FREE: u32 = 3222853377;
+pub const EGPU_IOC_FREE: u32 = 3223377665;
 pub const EGPU_IOC_INFO: u32 = 2152781570;
 pub type __u32 = ::std::os::raw::c_uint;
 pub type __u64 = ::std::os::raw::c_ulonglong;
@@ -49,10 +49,11 @@ pub struct egpu_free_args {
     pub delay_us: __u32,
     pub callbacks: __u32,
     pub deferred: __u32,
+    pub callback_ns: __u64,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of egpu_free_args"][::std::mem::size_of::<egpu_free_args>() - 24usize];
+    ["Size of egpu_free_args"][::std::mem::size_of::<egpu_free_args>() - 32usize];
     ["Alignment of egpu_free_args"][::std::mem::align_of::<egpu_free_args>() - 8usize];
     ["Offset of field: egpu_free_args::va"][::std::mem::offset_of!(egpu_free_args, va) - 0usize];
     ["Offset of field: egpu_free_args::flags"]
@@ -63,6 +64,8 @@ const _: () = {
         [::std::mem::offset_of!(egpu_free_args, callbacks) - 16usize];
     ["Offset of field: egpu_free_args::deferred"]
         [::std::mem::offset_of!(egpu_free_args, deferred) - 20usize];
+    ["Offset of field: egpu_free_args::callback_ns"]
+        [::std::mem::offset_of!(egpu_free_args, callback_ns) - 24usize];
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
