@@ -14,6 +14,10 @@
 //!
 //! Notification: an eventfd the caller registers is signalled once per completion; see the
 //! uapi header for why an eventfd rather than `poll()`.
+//!
+//! Lock order: `Batches::inner` (a file's queue of completions) is a leaf, taken for counting
+//! and queueing only, and waited on interruptibly by `REAP`; a transfer runs with no lock held
+//! (see `io`), and the workqueue's own `QUEUE` lock is held only to queue work or at exit.
 
 use core::{
     ffi::c_void,

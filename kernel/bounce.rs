@@ -12,6 +12,10 @@
 //! (the accounts of its pins, see `users`) holds at most `max_bounce_per_user` chunks at a time
 //! and waits for its own beyond that, so that one user's bounced transfers never hold every
 //! other user's waiting.
+//!
+//! Lock order: `Pool::inner` is a leaf, held to take or give back a chunk (and to read the
+//! users' counts, which change under it); a transfer holds a chunk, never the lock, across its
+//! I/O and copies. `POOL` (the module's pool) is held only to clone or drop it.
 
 use kernel::{
     bindings, new_condvar, new_mutex,
@@ -25,7 +29,7 @@ use kernel::{
 };
 
 use crate::{
-    io::Bvecs,
+    memory::Bvecs,
     provider::PAGE_SIZE,
     users::{
         BounceCharge,

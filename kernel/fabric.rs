@@ -16,6 +16,10 @@
 //! "RNIC" on its virtio NIC's (`tests/rxe`). A netdev with no PCI function above it (a veth, a
 //! VLAN or bond device) gives none, and so does an IPv6 address (not looked up yet): the
 //! decision then falls back to the queue's own verdict (`path::Reach::Unknown`).
+//!
+//! [`dma_device_of`] answers for any disk: its controller's PCI function, or that adapter. This
+//! sits above `storage` and below `multipath` and `io`; it takes no lock of the module's (a
+//! route lookup holds the RCU read lock).
 
 use core::ffi::c_void;
 use kernel::{
@@ -26,7 +30,14 @@ use kernel::{
     },
 };
 
-use crate::io::{ancestor_attr, pci_ancestor};
+use crate::{
+    storage::{
+        ancestor_attr,
+        pci_ancestor,
+        transport_of, //
+    },
+    uapi,
+};
 
 // `struct net` and `struct net_device` cross as `void *` (see `topology.rs` on the lint).
 unsafe extern "C" {
@@ -159,4 +170,24 @@ fn netdev_of(a: &Address<'_>) -> Option<NetDev> {
     // SAFETY: the route is ours to put.
     unsafe { gdirect_ip_rt_put(rt) };
     NetDev::held(dev)
+}
+
+/// The PCI device that DMAs for `disk` (whose device is `disk_dev`) and its transport: the NVMe
+/// controller's PCI function, or for NVMe-oF over RDMA the adapter the connection goes through
+/// ([`rnic_of`]); none for other fabrics (TCP: the CPU copies).
+///
+/// # Safety
+///
+/// `disk` and `disk_dev` (with its ancestors) are valid for the call.
+pub(crate) unsafe fn dma_device_of(
+    disk: *mut bindings::gendisk,
+    disk_dev: *mut bindings::device,
+) -> (Option<ARef<pci::Device>>, u32) {
+    let dma_dev = pci_ancestor(disk_dev);
+    let transport = transport_of(disk, disk_dev, dma_dev.is_some());
+    if dma_dev.is_some() || transport != uapi::TRANSPORT_RDMA {
+        return (dma_dev, transport);
+    }
+    // SAFETY: as above.
+    (unsafe { rnic_of(disk_dev) }, transport)
 }

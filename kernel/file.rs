@@ -22,6 +22,11 @@
 //! `exec` or `SCM_RIGHTS` would otherwise read into memory it does not see (after `fork` the
 //! child's copies of pinned host pages are its own, not the pinned ones) or into another
 //! process's GPU memory. Such a process opens the device itself.
+//!
+//! Lock order: `next_index`, then the xarray's lock, only to store or remove a registration;
+//! a registration's last reference is dropped (which may sleep) with neither held. Nothing
+//! else here takes a lock: limits are atomics (`stats`, `users`, `memlock`) and the I/O runs in
+//! `io` and `batch` with their own.
 
 use kernel::{
     bindings,
@@ -61,11 +66,9 @@ use kernel::{
 
 use crate::{
     batch::Batches,
+    dio::Dir,
     error,
-    io::{
-        Dir,
-        Transfer, //
-    },
+    io::Transfer,
     memlock::{
         self,
         LockedVmUser,
@@ -75,9 +78,9 @@ use crate::{
     region::{
         self,
         FileCounters,
-        RegShared,
         Registration, //
     },
+    revocation::RegShared,
     stats,
     submitter::Submitter,
     topology,

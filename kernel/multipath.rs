@@ -17,6 +17,11 @@
 //! a transfer to a head goes peer to peer only when all paths can, and the reach is checked for
 //! every path's controller, since any of them may carry the bios. A head that refuses P2P pages
 //! although one of its paths would take them is reported with the reason `multipath`.
+//!
+//! Above `storage` and `fabric`, below `io`. The paths are found as sysfs shows them: a walk
+//! of the block class (`class_for_each_device()`, which holds each device while it is visited)
+//! for the hidden disks the head's `multipath` directory links; no lock of the module's is
+//! taken.
 
 use core::ffi::{
     c_int,
@@ -30,12 +35,10 @@ use kernel::{
 };
 
 use crate::{
-    io::{
-        dma_device_of,
-        queue_takes_p2p, //
-    },
+    fabric::dma_device_of,
     path::Reach,
-    uapi,
+    storage::queue_takes_p2p,
+    uapi, //
 };
 
 /// The live paths of a multipath head, as far as the data path cares.

@@ -7,6 +7,9 @@
 //!
 //! Counters are plain atomics updated where the event happens; per-file counters live in
 //! [`crate::region::FileCounters`].
+//!
+//! A floor under everything that counts: it imports only `dio::Dir` and the ABI, and takes no
+//! lock (debugfs reads the atomics as they are).
 
 use core::fmt;
 use kernel::{
@@ -19,11 +22,8 @@ use kernel::{
 };
 
 use crate::{
-    io::{
-        Dir,
-        Outcome, //
-    },
-    uapi,
+    dio::Dir,
+    uapi, //
 };
 
 /// Live registrations, all files.
@@ -129,16 +129,16 @@ fn bucket(ns: i64) -> usize {
     ((63 - us.leading_zeros()) as usize).min(uapi::LATENCY_BUCKETS as usize - 1)
 }
 
-/// Records a finished transfer.
-pub(crate) fn record_io(path: u32, dir: Dir, reason: u32, result: &Result<Outcome>, ns: i64) {
+/// Records a finished transfer: `moved` is `(bytes, bounced bytes)`, `None` for a failure.
+pub(crate) fn record_io(path: u32, dir: Dir, reason: u32, moved: Option<(u64, u64)>, ns: i64) {
     let c = &IO[path as usize % IO.len()][dir.index()];
     c.ops.fetch_add(1, Relaxed);
-    match result {
-        Ok(o) => {
-            c.bytes.fetch_add(o.bytes, Relaxed);
-            c.bounce_bytes.fetch_add(o.bounce_bytes, Relaxed);
+    match moved {
+        Some((bytes, bounce_bytes)) => {
+            c.bytes.fetch_add(bytes, Relaxed);
+            c.bounce_bytes.fetch_add(bounce_bytes, Relaxed);
         }
-        Err(_) => {
+        None => {
             c.errors.fetch_add(1, Relaxed);
         }
     }

@@ -10,12 +10,15 @@
 //! bridge (DMA addresses). [`map_type`] takes the verdict from the kernel and the route from the
 //! same walk of upstream bridges the kernel makes, with the same ACS redirect rule.
 //!
-//! Shared with the rig's emulated GPU, which answers `nvidia_p2p_dma_map_pages` with it.
+//! And which function's BAR holds some device memory ([`Owner`]), with that BAR's bus
+//! addresses. This is a floor of PCI facts: it imports nothing of the module's. It takes no
+//! lock.
 
 use core::ffi::c_void;
 use kernel::{
     bindings,
-    pci, //
+    pci,
+    sync::aref::ARef, //
 };
 
 // Pointers to `struct pci_dev` and `struct device` cross as `void *`: bindgen's versions of
@@ -30,6 +33,8 @@ unsafe extern "C" {
         num_clients: i32,
         verbose: bool,
     ) -> i32;
+    /// `pci_domain_nr()` (inline in C; `shim.c`); `bus` is a `struct pci_bus *`.
+    fn gdirect_pci_domain_nr(bus: *mut c_void) -> i32;
 }
 
 /// How a client device reaches a provider's memory (`enum pci_p2pdma_map_type`).
@@ -121,4 +126,87 @@ pub(crate) fn verdict(provider: &pci::Device, client: &pci::Device) -> (MapType,
         Some((_, false)) => (MapType::BusAddr, distance),
         _ => (MapType::ThruHostBridge, distance),
     }
+}
+
+/// The PCI function whose BAR holds some device memory.
+pub(crate) struct Owner {
+    pub(crate) dev: ARef<pci::Device>,
+    pub(crate) bar: usize,
+}
+
+impl Owner {
+    /// The function and BAR holding physical address `phys`, if any.
+    pub(crate) fn of_phys(phys: u64) -> Option<Self> {
+        let mut dev: *mut bindings::pci_dev = core::ptr::null_mut();
+        loop {
+            // SAFETY: `pci_get_device` drops the reference on `dev` (or NULL) and returns the
+            // next device with a reference, or NULL at the end.
+            dev = unsafe {
+                bindings::pci_get_device(
+                    bindings::PCI_ANY_ID as u32,
+                    bindings::PCI_ANY_ID as u32,
+                    dev,
+                )
+            };
+            let Some(nn) = core::ptr::NonNull::new(dev) else {
+                return None;
+            };
+            for bar in 0..bindings::PCI_STD_NUM_BARS as usize {
+                // SAFETY: `dev` is a valid, referenced device.
+                let res = unsafe { &(*dev).resource[bar] };
+                let mem = res.flags & bindings::IORESOURCE_MEM as usize != 0;
+                if mem && res.start <= phys && phys <= res.end {
+                    // SAFETY: we own the reference `pci_get_device` took; `pci::Device` is a
+                    // transparent wrapper of `pci_dev`.
+                    let dev = unsafe { ARef::from_raw(nn.cast::<pci::Device>()) };
+                    return Some(Self { dev, bar });
+                }
+            }
+        }
+    }
+
+    fn resource(&self) -> &bindings::resource {
+        // SAFETY: `dev` is a valid device and `bar` a standard BAR index.
+        unsafe { &(*raw_pci(&self.dev)).resource[self.bar] }
+    }
+
+    /// Whether `[phys, phys + len)` lies in this BAR.
+    pub(crate) fn contains(&self, phys: u64, len: u64) -> bool {
+        let res = self.resource();
+        phys >= res.start && len > 0 && phys.checked_add(len - 1).is_some_and(|end| end <= res.end)
+    }
+
+    /// PCI bus address minus CPU physical address, for this BAR.
+    pub(crate) fn bus_offset(&self) -> u64 {
+        let pdev = raw_pci(&self.dev);
+        let mut region = bindings::pci_bus_region::default();
+        // SAFETY: `pdev` is valid; its bus and resource outlive the call.
+        unsafe {
+            bindings::pcibios_resource_to_bus(
+                (*pdev).bus,
+                &mut region,
+                &raw mut (*pdev).resource[self.bar],
+            )
+        };
+        region.start.wrapping_sub(self.resource().start)
+    }
+
+    /// `domain << 16 | bus << 8 | devfn`, as `QUERY` reports it.
+    pub(crate) fn id(&self) -> u64 {
+        pci_id(&self.dev)
+    }
+}
+
+/// `domain << 16 | bus << 8 | devfn` of a device.
+pub(crate) fn pci_id(dev: &pci::Device) -> u64 {
+    let pdev = raw_pci(dev);
+    // SAFETY: `pdev` and its bus are valid while `dev` is referenced.
+    let (domain, bus, devfn) = unsafe {
+        (
+            gdirect_pci_domain_nr((*pdev).bus.cast()),
+            (*(*pdev).bus).number,
+            (*pdev).devfn,
+        )
+    };
+    (u64::from(domain as u32) << 16) | (u64::from(bus) << 8) | u64::from(devfn)
 }

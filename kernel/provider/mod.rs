@@ -10,6 +10,11 @@
 //!
 //! [`pin`] turns a `REGISTER` request into [`Pinned`] memory; the registration owns it and drops
 //! it last.
+//!
+//! Below `region` (which owns the pinned memory) and above `revocation` (the state a provider's
+//! callback shares with the registration) and `topology` (which BAR holds device memory):
+//! nothing here imports a registration. Lock order: see `provider/nvidia.rs` for the GPU
+//! driver's lock; host and P2PDMA pinning take no lock of the module's.
 
 use core::num::NonZeroU64;
 use kernel::{
@@ -18,14 +23,7 @@ use kernel::{
     sync::Arc, //
 };
 
-use crate::{
-    error,
-    region::{
-        Owner,
-        RegShared, //
-    },
-    uapi,
-};
+use crate::{error, revocation::RegShared, topology::Owner, uapi};
 
 pub(crate) mod host;
 pub(crate) mod nvidia;

@@ -71,13 +71,13 @@ use crate::{
     error,
     modref::ModuleRef,
     nv_p2p,
-    region::{
+    revocation::{
         Callback,
         NvidiaRevoke,
-        Owner,
         RegShared, //
     },
     stats,
+    topology::Owner,
 };
 
 kernel::sync::global_lock! {

@@ -14,7 +14,7 @@ use super::{
     PAGE,
     PAGE_SIZE, //
 };
-use crate::region::Owner;
+use crate::topology::Owner;
 
 unsafe extern "C" {
     /// `is_pci_p2pdma_page()` (inline in C; `shim.c`); `page` is a `struct page *`.
