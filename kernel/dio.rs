@@ -5,8 +5,8 @@
 //! The direct-I/O call: one synchronous `vfs_iocb_iter_read`/`_write` of a file over a bvec
 //! iterator, so that raw namespaces and file systems alike work, holes read as zeros, and every
 //! permission check is the file system's. A floor under the data path (`io`) and the
-//! statistics (`stats`, which count by [`Dir`]): it imports nothing of the module's, and takes
-//! no lock (the file system takes its own).
+//! statistics (`stats`, which count by [`Dir`]): it imports only `error`, and takes no lock
+//! (the file system takes its own).
 
 use core::ffi::c_void;
 use kernel::{
@@ -14,6 +14,8 @@ use kernel::{
     fs::File,
     prelude::*, //
 };
+
+use crate::error;
 
 unsafe extern "C" {
     // `shim.c`: `init_sync_kiocb()`; `kiocb` and `file` cross as `void *`.
@@ -55,6 +57,12 @@ pub(crate) fn direct_io(
     let mut iter: bindings::iov_iter = unsafe { core::mem::zeroed() };
     // SAFETY: `kiocb` is writable; `file` is a valid, referenced file.
     unsafe { gdirect_init_sync_kiocb((&raw mut kiocb).cast(), file.as_ptr().cast()) };
+    // The flags are the file's now: `fcntl(F_SETFL)` may have cleared `O_DIRECT` since the
+    // request was checked, and this must never become a buffered I/O through the page cache
+    // over device memory. (The access mode cannot change after `open`.)
+    if kiocb.ki_flags & bindings::IOCB_DIRECT as i32 == 0 {
+        return Err(error::not_direct());
+    }
     kiocb.ki_pos = pos;
     let direction = match dir {
         Dir::Read => bindings::ITER_DEST,

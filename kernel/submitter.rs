@@ -69,6 +69,9 @@ pub(crate) struct Submitter {
     memcg: Option<Memcg>,
     /// `RLIMIT_FSIZE` at the submit, as a `loff_t` (`NO_LIMIT` for none).
     fsize: i64,
+    /// The task's `self_exec_id` at the submit: `SIGXFSZ` goes only to the program that
+    /// submitted, not to one the task `exec`'d since.
+    exec_id: u64,
 }
 
 // SAFETY: the cgroup references may be used and put from any thread; the rest is `Send`.
@@ -83,6 +86,8 @@ impl Submitter {
         // takes a reference of its own before this call returns.
         let cred = ARef::from(unsafe { Credential::from_ptr(gdirect_current_cred().cast()) });
         let task = ARef::from(&**kernel::current!());
+        // SAFETY: the calling task is valid; only it changes its `self_exec_id` (at `exec`).
+        let exec_id = unsafe { (*task.as_ptr()).self_exec_id };
         // SAFETY: no preconditions; a non-NULL result is referenced and becomes `Blkcg`'s.
         let blkcg = NonNull::new(unsafe { gdirect_current_blkcg_css() }).map(Blkcg);
         // SAFETY: as above, for `Memcg`.
@@ -95,6 +100,7 @@ impl Submitter {
             blkcg,
             memcg,
             fsize,
+            exec_id,
         }
     }
 
@@ -142,10 +148,18 @@ impl Submitter {
         // position, as in C.
         let limit = u64::try_from(self.fsize).unwrap_or(0);
         if pos >= limit {
-            // Sent as from the kernel (`SI_KERNEL`): the sender is a worker, not the task.
-            // SAFETY: `self.task` holds a reference to the task; sending to one that has
-            // exited does nothing.
-            unsafe { bindings::send_sig(bindings::SIGXFSZ as i32, self.task.as_ptr(), 1) };
+            // Sent as from the kernel (`SI_KERNEL`): the sender is a worker, not the task. Not
+            // to a program the task `exec`'d since the submit (which did not ask for this
+            // write), as the kernel keeps a parent's death signal from a child that exec'd a
+            // new program (`exit_notify`: `self_exec_id` against `parent_exec_id`).
+            // SAFETY: `self.task` holds a reference to the task; `exec` bumps `self_exec_id`
+            // under the task's own lock, and a stale read only misses the bump by a moment.
+            let exec_id =
+                unsafe { core::ptr::read_volatile(&raw const (*self.task.as_ptr()).self_exec_id) };
+            if exec_id == self.exec_id {
+                // SAFETY: as above; sending to a task that has exited does nothing.
+                unsafe { bindings::send_sig(bindings::SIGXFSZ as i32, self.task.as_ptr(), 1) };
+            }
             return Err(EFBIG);
         }
         Ok(len.min(limit - pos))

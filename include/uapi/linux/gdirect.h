@@ -332,7 +332,9 @@ struct gdirect_query_args {
  *  EINVAL      zero length, unknown flag bits, nonzero reserved fields.
  *  EBADF       fd is not an open file, or not open for reading (READ) or
  *              writing (WRITE).
- *  EBADFD      fd is not open with O_DIRECT.
+ *  EBADFD      fd is not open with O_DIRECT (checked when the request is made,
+ *              and again when its I/O starts: a batch entry whose file had
+ *              O_DIRECT cleared by fcntl(F_SETFL) meanwhile fails with it).
  *  ERANGE      file_offset, buf_offset or len is not a multiple of the logical
  *              block size of the file's block device.
  *  EOVERFLOW   buf_offset + len is past the end of the registration.
@@ -558,6 +560,15 @@ struct gdirect_eventfd_args {
  * direction, with a latency histogram: bucket i counts transfers that took
  * [2^i, 2^(i+1)) microseconds (bucket 0 also those under 1 us, the last one
  * everything longer).
+ *
+ * The counters (and GET_INFO's registration and pin counts) are the module's
+ * totals over every user, as /proc/diskstats and /proc/meminfo are the
+ * system's: counts and bytes, never an address, a file or a handle of another
+ * user's. (A user's own share is in its library's per-call reports.)
+ *
+ * The struct has no reserved room: a path or reason added later comes with a
+ * new command (its size is in the command number), and this one keeps
+ * answering with the counts it has now.
  */
 #define GDIRECT_LATENCY_BUCKETS 20
 

@@ -6,8 +6,10 @@
 #  - its credentials: a user's batch write to its setuid file clears the bit,
 #    as the synchronous write does; root's keeps it (CAP_FSETID), both ways,
 #    which shows the check tells the two apart;
-#  - its RLIMIT_FSIZE: at the limit the write fails with EFBIG, across it the
-#    write is cut at the limit, for the batch as for the synchronous write;
+#  - its RLIMIT_FSIZE: at the limit the write fails with EFBIG and SIGXFSZ goes
+#    to the submitter (once: the batch's worker sends it, not the worker's own
+#    limit), across it the write is cut at the limit, for the batch as for the
+#    synchronous write;
 #  - its io cgroup: the bytes of a batch write submitted from a cgroup show in
 #    that cgroup's io.stat for the drive.
 # Every write is read back and compared by gdirect-io.
@@ -33,7 +35,7 @@ chgrp gdirect /dev/gdirect && chmod 0660 /dev/gdirect
 K=1024
 
 ktap_print_header
-ktap_set_plan 12
+ktap_set_plan 14
 
 _test "ext4 made on $FS_DEV and mounted" _fs_make ext4 "$FS_DEV" "$mnt"
 mkdir -p "$mnt/u" && chown gduser:gduser "$mnt/u"
@@ -59,7 +61,8 @@ for mode in sync batch; do
 done
 
 # The user's file size limit: 2048 blocks, read back in bytes from the limits the
-# shell that runs the writes has (SIGXFSZ ignored there, so the writes return).
+# shell that runs the writes has (SIGXFSZ ignored there, so the writes return;
+# gdirect-io counts it with a handler of its own).
 f=$mnt/u/fsize
 _as_user ": >$f"
 out=$(_as_user "ulimit -f 2048; trap '' XFSZ
@@ -74,6 +77,8 @@ lim=$(_kv "$out" limit)
 _test "RLIMIT_FSIZE is set for the user's writes" sh -c "[ '${lim:-0}' -gt 0 ] && [ $((${lim:-0} % (4 * K))) -eq 0 ]"
 for mode in sync batch; do
 	_test "$mode write at the limit: EFBIG" _expect_eq "$mode-at" "errno=EFBIG" "$(_kv "$out" "$mode-at" | sed 's/ $//')"
+	_test "$mode write at the limit: SIGXFSZ to the submitter, once" \
+		_expect_eq "$mode-at sigxfsz" 1 "$(echo "$out" | sed -n "s/^$mode-at=.* sigxfsz=\([0-9]*\).*/\1/p")"
 	_test "$mode write across the limit: cut at it (16 KiB)" \
 		_expect_eq "$mode-across" "result=$((16 * K))" "$(_kv "$out" "$mode-across" | sed 's/ $//')"
 done

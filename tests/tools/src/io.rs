@@ -23,6 +23,10 @@
 //!                                 until the first registration's memory is freed 0.3 s after
 //!                                 they start: how long the free callbacks ran, as the emulated
 //!                                 GPU timed them (`callback_ms=`), and each read's outcome
+//!   direct-cleared DEV            4 batched 16 MiB reads of DEV (two 8 MiB chunks each) into GPU
+//!                                 memory, then O_DIRECT cleared on DEV's file (fcntl F_SETFL)
+//!                                 at once: each completion whole or EBADFD (a chunk started
+//!                                 after the clear), at least one EBADFD (`ebadfd=`, `whole=`)
 //!   queue-exit DEV COUNT          COUNT batched 2 MiB reads of the first 48 MiB of DEV (in turn)
 //!                                 into kept GPU memory (64 slots at most), then
 //!                                 exit at once with them queued (never reaped): prints `va=`,
@@ -73,7 +77,8 @@
 //!   credwrite sync|batch PATH OFFSET LEN
 //!                                 one write of LEN bytes from registered host memory to PATH
 //!                                 at OFFSET, synchronous or as a batch, as the caller; prints
-//!                                 `result=BYTES` (read back and compared) or `errno=NAME`
+//!                                 `result=BYTES` (read back and compared) or `errno=NAME`,
+//!                                 and `sigxfsz=N`, the SIGXFSZ signals it got
 //!   fiemap FILE                   the file's extents as its file system maps them (FIEMAP,
 //!                                 synced first): one `logical physical length flags` line each,
 //!                                 in bytes, so that the host can find the data in a drive image
@@ -137,6 +142,7 @@ fn main() -> ExitCode {
                 _ => return usage(),
             }
         }
+        Some("direct-cleared") if args.len() == 2 => direct_cleared(&args[1]),
         Some("queue-exit") if args.len() == 3 => match args[2].parse() {
             Ok(count @ 1..=128) => queue_exit(&args[1], count),
             _ => return usage(),
@@ -416,11 +422,32 @@ fn batchwrite(dev: &str, offset: u64, count: u64, seed: u64) -> gdirect::Result<
     Ok(())
 }
 
+/// SIGXFSZ signals received (see `credwrite`).
+static SIGXFSZ_SEEN: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn on_sigxfsz(_: nix::libc::c_int) {
+    SIGXFSZ_SEEN.fetch_add(1, Ordering::Relaxed);
+}
+
 /// `credwrite sync|batch PATH OFFSET LEN`: writes `LEN` bytes of a pattern from registered host
 /// memory to `PATH` (opened `O_DIRECT`, not created) at `OFFSET`, by the synchronous `WRITE` or
 /// as a one-entry batch, as whoever runs it (batch_creds.sh compares the two). Prints
-/// `result=BYTES` or `errno=NAME`; the bytes a write reports are read back and compared.
+/// `result=BYTES` or `errno=NAME`, and `sigxfsz=` the SIGXFSZ signals it got; the bytes a
+/// write reports are read back and compared.
 fn credwrite(batched: bool, path: &str, offset: u64, len: u64) -> gdirect::Result<()> {
+    // SIGXFSZ counted, not ignored or fatal: the write past RLIMIT_FSIZE must send it to the
+    // submitter (`sigxfsz=` after the result).
+    let action = nix::sys::signal::SigAction::new(
+        nix::sys::signal::SigHandler::Handler(on_sigxfsz),
+        nix::sys::signal::SaFlags::empty(),
+        nix::sys::signal::SigSet::empty(),
+    );
+    // SAFETY: the handler only adds to an atomic, which is async-signal-safe.
+    let installed =
+        unsafe { nix::sys::signal::sigaction(nix::sys::signal::Signal::SIGXFSZ, &action) };
+    check("a SIGXFSZ handler", installed.is_ok(), || {
+        format!("{installed:?}")
+    });
     let driver = Driver::open()?;
     let mut mem = gdirect::HostBuffer::new(len as usize)?;
     let data = pattern(offset ^ len, len as usize);
@@ -464,14 +491,20 @@ fn credwrite(batched: bool, path: &str, offset: u64, len: u64) -> gdirect::Resul
                     )
                 },
             );
-            println!("result={}", t.bytes);
+            println!(
+                "result={} sigxfsz={}",
+                t.bytes,
+                SIGXFSZ_SEEN.load(Ordering::Relaxed)
+            );
         }
-        Err(errno) => println!("errno={errno:?}"),
+        Err(errno) => println!(
+            "errno={errno:?} sigxfsz={}",
+            SIGXFSZ_SEEN.load(Ordering::Relaxed)
+        ),
     }
     Ok(())
 }
 
-/// `len` bytes of `dev` at `offset`, read through the page cache (the reference).
 /// The size of `dev` (a block device or a file), in bytes.
 fn file_len(dev: &str) -> gdirect::Result<u64> {
     let err = |e: std::io::Error| Error::OpenFile {
@@ -483,6 +516,7 @@ fn file_len(dev: &str) -> gdirect::Result<u64> {
         .map_err(err)
 }
 
+/// `len` bytes of `dev` at `offset`, read through the page cache (the reference).
 fn buffered(dev: &str, offset: u64, len: usize) -> gdirect::Result<Vec<u8>> {
     let err = |e: std::io::Error| Error::OpenFile {
         path: dev.into(),
@@ -1194,6 +1228,59 @@ fn bounce_cap(dev: &str, threads: u64) -> gdirect::Result<()> {
         bad.load(Ordering::Relaxed),
         if wchans.is_empty() { "none" } else { &wchans }
     );
+    Ok(())
+}
+
+/// `O_DIRECT` cleared on a file with batched reads of it queued (see the command's help): a
+/// chunk that starts afterwards must not become a buffered read through the page cache into
+/// device memory, but fail with `EBADFD`, as a request on such a file does.
+fn direct_cleared(dev: &str) -> gdirect::Result<()> {
+    const LEN: u64 = 16 << 20;
+    const COUNT: u64 = 4;
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let alloc = gpu.alloc(COUNT * LEN)?;
+    let reg = driver.register(&alloc)?;
+    let file = File::open_direct(dev)?;
+    let mut b = Batch::new();
+    for i in 0..COUNT {
+        b.read(&file, &reg, i * LEN, (i * LEN) % (48 << 20), LEN, i);
+    }
+    let queued = driver.submit(&b, 0)?;
+    check("all 4 queued", queued == COUNT as usize, || {
+        format!("{queued}")
+    });
+    let fd = file.as_fd().as_raw_fd();
+    // SAFETY: `fd` is the open file's; F_GETFL and F_SETFL take and give an int.
+    let cleared = unsafe {
+        let flags = nix::libc::fcntl(fd, nix::libc::F_GETFL);
+        flags >= 0 && nix::libc::fcntl(fd, nix::libc::F_SETFL, flags & !nix::libc::O_DIRECT) == 0
+    };
+    check("O_DIRECT cleared", cleared, || {
+        std::io::Error::last_os_error().to_string()
+    });
+    let (mut whole, mut ebadfd, mut other) = (0, 0, Vec::new());
+    let mut reaped = 0;
+    while reaped < queued {
+        for c in driver.reap(queued, true)? {
+            reaped += 1;
+            match c.result {
+                Ok(t) if t.bytes == LEN => whole += 1,
+                Err(Errno::EBADFD) => ebadfd += 1,
+                r => other.push(format!("{r:?}")),
+            }
+        }
+    }
+    println!("whole={whole} ebadfd={ebadfd} other={}", other.len());
+    check("each read whole or EBADFD", other.is_empty(), || {
+        other.join(", ")
+    });
+    check(
+        "a chunk started after the clear fails with EBADFD",
+        ebadfd > 0,
+        || format!("{whole} whole"),
+    );
+    drop(reg);
     Ok(())
 }
 
