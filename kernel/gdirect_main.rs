@@ -13,6 +13,20 @@
 
 use kernel::prelude::*;
 
+// Fields of kernel structs are read through bindgen's types in a few places (a file's inode
+// and block device, a queue's limits, a PCI function's BARs, a device's attribute groups, a
+// task's `self_exec_id`): the types are generated from this kernel's own headers and
+// configuration when the kernel is built, and Rust is not available with randomized struct
+// layouts (`init/Kconfig`: `RUST` depends on `!RANDSTRUCT`), so their layout is the C
+// compiler's.
+//
+// Lengths, offsets and page counts cross between `u64` (the ABI) and `usize` (the kernel's
+// sizes) with `as usize` in places where a 64-bit `usize` holds every value the ABI allows;
+// on a 32-bit kernel they would truncate. GPU nodes are 64-bit: the module does not build
+// elsewhere.
+#[cfg(not(CONFIG_64BIT))]
+compile_error!("gdirect needs a 64-bit kernel (CONFIG_64BIT)");
+
 mod batch;
 mod bounce;
 mod dio;

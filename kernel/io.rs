@@ -40,6 +40,10 @@ use kernel::{
         aref::ARef,
         Arc, //
     },
+    time::{
+        Instant,
+        Monotonic, //
+    },
 };
 
 use crate::{
@@ -319,8 +323,7 @@ impl Transfer {
 
     fn run_here(&self) -> (u32, Result<Outcome>) {
         let _active = stats::ActiveTransfer::new();
-        // SAFETY: no preconditions.
-        let start = unsafe { bindings::ktime_get() };
+        let start = Instant::<Monotonic>::now();
         let target = &self.target;
         let (path, reason, transport) = match self.decide(target) {
             Ok(d) => d,
@@ -346,8 +349,7 @@ impl Transfer {
                 eof,
                 bounce_bytes,
             });
-        // SAFETY: no preconditions.
-        let ns = unsafe { bindings::ktime_get() } - start;
+        let ns = start.elapsed().as_nanos();
         let moved = result.as_ref().ok().map(|o| (o.bytes, o.bounce_bytes));
         stats::record_io(path, self.dir, reason, moved, ns);
         (path, result)

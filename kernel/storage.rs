@@ -8,11 +8,16 @@
 //! lookups (`fabric`) and multipath heads (`multipath`): it imports nothing of the module's
 //! but the ABI's constants. It takes no lock; the transports it has read are cached in atomics.
 //!
-//! A device attribute is read by calling its `show` function, as sysfs does, with the device
-//! held by the open file below it (its ancestors live as long); sysfs would also hold the
-//! attribute's kernfs node active, which only matters while the attribute is being removed,
-//! and an NVMe controller's attributes are removed only after its namespaces' disks, which an
-//! open file keeps.
+//! A device attribute is read by calling its `show` function, as sysfs does, but without the
+//! kernfs active reference sysfs holds across it (which only keeps the attribute from being
+//! removed meanwhile; the functions are not exported). What the show functions read stays
+//! valid by other references: for a disk the transfer's file has open, the namespace's open
+//! (`nvme_ns_open()`) holds the namespace, so its controller, and the transport's module (whose
+//! `ops` a controller's attributes read), and a device's attribute groups are static data of
+//! nvme-core. For the paths of a multipath head (`multipath`), which are not opened,
+//! `class_for_each_device()` holds each path's device and so its controller's memory; the
+//! transport's module is not held there, so an `rmmod nvme_tcp` racing that walk is the one
+//! case this does not cover (a path's transport is read once per disk and cached).
 
 use core::ffi::c_void;
 use kernel::{

@@ -151,6 +151,8 @@ impl Owner {
             let Some(nn) = core::ptr::NonNull::new(dev) else {
                 return None;
             };
+            // 7.2's `pci::Device` has neither an iterator over every device nor a BAR's flags:
+            // the C ones.
             for bar in 0..bindings::PCI_STD_NUM_BARS as usize {
                 // SAFETY: `dev` is a valid, referenced device.
                 let res = unsafe { &(*dev).resource[bar] };
@@ -172,8 +174,16 @@ impl Owner {
 
     /// Whether `[phys, phys + len)` lies in this BAR.
     pub(crate) fn contains(&self, phys: u64, len: u64) -> bool {
-        let res = self.resource();
-        phys >= res.start && len > 0 && phys.checked_add(len - 1).is_some_and(|end| end <= res.end)
+        let bar = self.bar as u32;
+        let (Ok(start), Ok(size)) = (self.dev.resource_start(bar), self.dev.resource_len(bar))
+        else {
+            return false;
+        };
+        len > 0
+            && phys >= start
+            && phys
+                .checked_add(len)
+                .is_some_and(|end| end <= start.saturating_add(size))
     }
 
     /// PCI bus address minus CPU physical address, for this BAR.

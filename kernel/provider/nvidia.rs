@@ -230,8 +230,8 @@ impl CallbacksRunning {
     /// ended, so none can start.
     pub(crate) fn wait_none() {
         while CALLBACKS_RUNNING.load(Acquire) != 0 {
-            // SAFETY: no preconditions; the module's exit may sleep.
-            unsafe { bindings::msleep(1) };
+            // The module's exit may sleep.
+            kernel::time::delay::fsleep(kernel::time::Delta::from_millis(1));
         }
     }
 }
