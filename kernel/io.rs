@@ -22,9 +22,11 @@
 //! storage and the registration's cap (`max_in_flight_bytes_per_user`, `max_in_flight_bytes`).
 //!
 //! This is the top of the data path: `batch` and `file` run transfers; nothing here is imported
-//! below it. Lock order: a chunk takes its room in the user's share (`users`' gate, released
-//! before it waits), then a use (`RegShared::inner`, a leaf), then a bounce chunk's pool lock
-//! only around taking or giving back a chunk; no lock is held across the I/O itself.
+//! below it. A direct chunk takes room in the user's share of the storage (`users`' gate), then
+//! a use of the pages with its size (`RegShared::inner`); a bounced chunk takes a chunk of the
+//! pool first (`bounce`), then room in the user's share for its I/O, then a plain use for its
+//! copy. Each lock is held only to count or to wait (a condition variable lets it go), never
+//! two at once, and none across the I/O itself.
 
 use core::{ffi::c_void, num::NonZeroU64};
 use kernel::{

@@ -22,7 +22,7 @@
 //!
 //! Lock order: the GPU driver runs the free callback under its own lock (RM's API lock), and the
 //! callback takes `RegShared::inner` and waits for the uses to end. So `RegShared::inner` is a
-//! leaf (nothing is called under it but allocation and the undoing of DMA mappings), and
+//! leaf (nothing is called under it but allocation; mappings are undone after it is let go), and
 //! nothing that may wait for the GPU driver's lock runs under a use or under `inner`: no nv-p2p
 //! call and no copy to or from user memory (which may fault into anything). A transfer takes
 //! its room in the user's share of the storage (`users::UserCharge::start_io`) before a use,

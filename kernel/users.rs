@@ -30,7 +30,8 @@
 //! queue: a free of another user's memory waits behind no more than that of it (see the
 //! README's bound on a free's wait). The counts change under one gate, which the waiters sleep
 //! on; a transfer takes its room before it starts a use of the registration's pages
-//! (`RegShared::begin_io`), and holds neither while it waits.
+//! (`RegShared::begin_io`), so it never holds a use while it waits here (it may hold its room
+//! while it waits under the registration's cap, which only I/O already running frees).
 //!
 //! A registration holds a [`UserCharge`]; the users with something pinned are kept in a short
 //! list, looked up at `REGISTER` under its lock. A charge is given back without the lock (an
