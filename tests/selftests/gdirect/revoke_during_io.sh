@@ -8,6 +8,10 @@
 # after it returns - later uses fail with EKEYREVOKED, and nothing stays pinned.
 # Twice: reads peer to peer, then every read forced through the bounce path, where
 # the module's CPU copy into GPU memory is what the free must wait for.
+# Then the copies themselves: on the unthrottled namespace a 1 MiB read takes
+# about as long as its copy, so with 4 threads of forced-bounce reads a free
+# mostly lands inside a copy; 10 rounds, and no byte of the freed (poisoned)
+# memory may change after the free returned.
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 
@@ -17,9 +21,10 @@ _require_root
 _require_cmd gdirect-io
 _load_all || ktap_exit_fail_msg "cannot load the modules"
 n0=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL" 4) || ktap_exit_fail_msg "no namespace 4 of $GDIRECT_NVME0_SERIAL"
+fast=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
 
 ktap_print_header
-ktap_set_plan 18
+ktap_set_plan 21
 
 # One run of the scenario: $1 names it, the rest are gdirect-io revoke's extra arguments.
 scenario() {
@@ -49,5 +54,13 @@ _test "p2p: the completed reads went peer to peer" _expect_eq bounced 0 "$(_kv "
 scenario bounce bounce
 _test "bounce: every completed read was bounced" \
 	_expect_eq bounced "$(_kv "$first" completed_ok)" "$(_kv "$first" bounced)"
+
+out=$(gdirect-io revoke-copies "$fast" 4 10 2>&1)
+rc=$?
+ktap_print_msg "copies: $(echo "$out" | tr '\n' ' ')"
+_test "copies: every read whole or EKEYREVOKED" _expect_eq "exit status" 0 "$rc"
+_test "copies: no byte of the freed memory changed after a free returned (10 rounds)" \
+	_expect_eq dirty_rounds 0 "$(_kv "$out" dirty_rounds)"
+_test "copies: the frees met running reads (EKEYREVOKED)" sh -c "[ '$(_kv "$out" revoked)' -ge 5 ]"
 
 ktap_finished

@@ -27,6 +27,12 @@
 //!                                 memory, then O_DIRECT cleared on DEV's file (fcntl F_SETFL)
 //!                                 at once: each completion whole or EBADFD (a chunk started
 //!                                 after the clear), at least one EBADFD (`ebadfd=`, `whole=`)
+//!   revoke-copies DEV THREADS ROUNDS
+//!                                 ROUNDS times: THREADS threads of forced-bounce 1 MiB reads of
+//!                                 DEV (offsets changing each time) into their own MiB of GPU
+//!                                 memory, the memory freed 0.2 s in; after the threads stop,
+//!                                 every byte must still be the free's poison (a CPU copy made
+//!                                 after the free returned is not); `dirty_rounds=`
 //!   queue-exit DEV COUNT          COUNT batched 2 MiB reads of the first 48 MiB of DEV (in turn)
 //!                                 into kept GPU memory (64 slots at most), then
 //!                                 exit at once with them queued (never reaped): prints `va=`,
@@ -143,6 +149,12 @@ fn main() -> ExitCode {
             }
         }
         Some("direct-cleared") if args.len() == 2 => direct_cleared(&args[1]),
+        Some("revoke-copies") if args.len() == 4 => match (args[2].parse(), args[3].parse()) {
+            (Ok(threads @ 1..=16), Ok(rounds @ 1..=100)) => {
+                revoke_copies(&args[1], threads, rounds)
+            }
+            _ => return usage(),
+        },
         Some("queue-exit") if args.len() == 3 => match args[2].parse() {
             Ok(count @ 1..=128) => queue_exit(&args[1], count),
             _ => return usage(),
@@ -1469,6 +1481,85 @@ fn free_bound(dev: &str, threads: u64, mib: u64, regs: u64) -> gdirect::Result<(
         || "none".into(),
     );
     drop(registrations);
+    Ok(())
+}
+
+/// The bounce path's CPU copies against a free (see the command's help). On a namespace the
+/// rig does not throttle, a 1 MiB read takes about as long as the copy of its bytes into GPU
+/// memory, so with a few threads a free most often lands inside a copy: the free must wait for
+/// it (the copy holds a use of the pages), and no byte may change after the free returned and
+/// the emulated GPU poisoned the memory.
+fn revoke_copies(dev: &str, threads: u64, rounds: u64) -> gdirect::Result<()> {
+    use std::sync::atomic::AtomicBool;
+    const LEN: u64 = 1 << 20;
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let file = File::open_direct(dev)?;
+    let span = (file_len(dev)? / LEN).max(1);
+    let options = IoOptions::new().force_bounce(true);
+    let (mut dirty_rounds, mut reads, mut revoked, mut other) = (0, 0, 0, 0);
+    for round in 0..rounds {
+        let alloc = gpu.alloc(threads * LEN)?;
+        let (va, pages) = (alloc.va(), alloc.bar_pages()?);
+        let reg = driver.register(&alloc)?;
+        let stop = AtomicBool::new(false);
+        let (ok, rev, oth) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+        std::thread::scope(|s| -> gdirect::Result<()> {
+            for t in 0..threads {
+                let (reg, file, stop) = (&reg, &file, &stop);
+                let (ok, rev, oth) = (&ok, &rev, &oth);
+                s.spawn(move || {
+                    let mut i = t + round;
+                    while !stop.load(Ordering::Relaxed) {
+                        match file.read_into_with(reg, t * LEN, (i % span) * LEN, LEN, options) {
+                            Ok(r) if r.bytes == LEN => ok.fetch_add(1, Ordering::Relaxed),
+                            Err(Error::Revoked { .. }) => {
+                                rev.fetch_add(1, Ordering::Relaxed);
+                                break;
+                            }
+                            r => {
+                                println!("read: {r:?}");
+                                oth.fetch_add(1, Ordering::Relaxed)
+                            }
+                        };
+                        i += threads;
+                    }
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let freed = gpu.free_va(va);
+            stop.store(true, Ordering::Relaxed);
+            check(
+                "the free ran the callback",
+                freed.as_ref().is_ok_and(|f| f.callbacks == 1),
+                || format!("{freed:?}"),
+            );
+            Ok(())
+        })?;
+        // The threads have stopped: whatever they did after the free is in the memory now.
+        let bytes = bar_pages_bytes(&pages)?;
+        let changed = bytes.iter().filter(|&&b| b != FREED_POISON).count();
+        if changed > 0 {
+            dirty_rounds += 1;
+            println!("round {round}: {changed} bytes changed after the free returned");
+        }
+        reads += ok.into_inner();
+        revoked += rev.into_inner();
+        other += oth.into_inner();
+        drop(reg);
+        std::mem::forget(alloc);
+    }
+    println!(
+        "rounds={rounds} dirty_rounds={dirty_rounds} reads={reads} revoked={revoked} other={other}"
+    );
+    check(
+        "no byte changed after a free returned",
+        dirty_rounds == 0,
+        || format!("{dirty_rounds} rounds"),
+    );
+    check("every read whole or EKEYREVOKED", other == 0, || {
+        format!("{other} others")
+    });
     Ok(())
 }
 
