@@ -1486,7 +1486,7 @@ fn free_bound(dev: &str, threads: u64, mib: u64, regs: u64) -> gdirect::Result<(
 
 /// The bounce path's CPU copies against a free (see the command's help). On a namespace the
 /// rig does not throttle, a 1 MiB read takes about as long as the copy of its bytes into GPU
-/// memory, so with a few threads a free most often lands inside a copy: the free must wait for
+/// memory, so with a few threads a free often lands inside a copy: the free must wait for
 /// it (the copy holds a use of the pages), and no byte may change after the free returned and
 /// the emulated GPU poisoned the memory.
 fn revoke_copies(dev: &str, threads: u64, rounds: u64) -> gdirect::Result<()> {
