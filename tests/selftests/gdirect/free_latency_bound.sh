@@ -39,7 +39,7 @@ RATE=$((32 * MIB)) # bytes per second: the rig's throttle (scripts/vm, throttlin
 MARGIN_MS=750
 
 ktap_print_header
-ktap_set_plan 8
+ktap_set_plan 9
 
 # run REGS PARAMS...: the module loaded with PARAMS, 32 threads of 4 MiB reads over REGS
 # registrations, the first freed; prints the tool's output.
@@ -79,28 +79,27 @@ past() {
 cap=$((64 * MIB))
 bound=$(bound_ms $cap)
 
-out=$(run 1)
-ktap_print_msg "defaults: $(echo "$out" | tr '\n' ' ')"
-_test "defaults: every read whole or EKEYREVOKED" _expect_eq exit 0 "$(_kv "$out" exit)"
-_test "defaults: the free waits at most 64 MiB of I/O ($bound ms)" within defaults "$out" "$bound"
-default_ms=$(_kv "$out" callback_ms)
+# case NAME LABEL CHECK REGS PARAM: one run with the module loaded with PARAM, its reads and
+# its wait checked (CHECK: within or past the bound); sets wait_ms.
+case_run() {
+	out=$(run "$4" $5)
+	ktap_print_msg "$2: $(echo "$out" | tr '\n' ' ')"
+	_test "$2: every read whole or EKEYREVOKED" _expect_eq exit 0 "$(_kv "$out" exit)"
+	case $3 in
+	within) _test "$2: the free waits at most 64 MiB of I/O ($bound ms)" within "$1" "$out" "$bound" ;;
+	past) _test "$2: the free waits past that bound" past "$1" "$out" "$bound" ;;
+	esac
+	wait_ms=$(_kv "$out" callback_ms)
+}
 
-out=$(run 1 max_in_flight_bytes=$((2 * cap)))
-ktap_print_msg "max_in_flight_bytes doubled: $(echo "$out" | tr '\n' ' ')"
-_test "doubled: every read whole or EKEYREVOKED" _expect_eq exit 0 "$(_kv "$out" exit)"
-_test "with max_in_flight_bytes doubled the free waits past that bound" past doubled "$out" "$bound"
-doubled_ms=$(_kv "$out" callback_ms)
-
-out=$(run 2 max_in_flight_bytes_per_user=$cap)
-ktap_print_msg "two registrations, per-user cap 64 MiB: $(echo "$out" | tr '\n' ' ')"
-_test "per user: every read whole or EKEYREVOKED" _expect_eq exit 0 "$(_kv "$out" exit)"
-_test "per user: the free waits at most the user's 64 MiB ($bound ms)" within per_user "$out" "$bound"
-user_ms=$(_kv "$out" callback_ms)
-
-out=$(run 2 max_in_flight_bytes_per_user=$((2 * cap)))
-ktap_print_msg "two registrations, per-user cap doubled: $(echo "$out" | tr '\n' ' ')"
-_test "with the per-user cap doubled the free waits past that bound" past user_doubled "$out" "$bound"
-user_doubled_ms=$(_kv "$out" callback_ms)
+case_run defaults "defaults" within 1 ""
+default_ms=$wait_ms
+case_run doubled "max_in_flight_bytes doubled" past 1 "max_in_flight_bytes=$((2 * cap))"
+doubled_ms=$wait_ms
+case_run per_user "two registrations, per-user cap 64 MiB" within 2 "max_in_flight_bytes_per_user=$cap"
+user_ms=$wait_ms
+case_run user_doubled "two registrations, per-user cap doubled" past 2 "max_in_flight_bytes_per_user=$((2 * cap))"
+user_doubled_ms=$wait_ms
 
 echo "GDIRECT-FIGURE free_latency_bound drive_mb_s=32 cap_mib=64 bound_ms=$bound margin_ms=$MARGIN_MS wait_ms=$default_ms cap_doubled_wait_ms=$doubled_ms per_user_wait_ms=$user_ms per_user_doubled_wait_ms=$user_doubled_ms"
 _test "nothing stays registered or pinned" _expect_unpinned
