@@ -87,7 +87,7 @@ module! {
         },
         max_in_flight_bytes: u64 {
             default: 64 << 20,
-            description: "Most bytes of storage I/O one registration may have running on its memory, the most a free of the memory (cudaFree) waits for; 0: no cap (default 64 MiB)",
+            description: "Most bytes of storage I/O one registration may have running on its memory, which bounds what a free of the memory (cudaFree) waits for (README: A free's wait is bounded); 0: no cap (default 64 MiB)",
         },
         max_in_flight_bytes_per_user: u64 {
             default: 256 << 20,
