@@ -1407,6 +1407,42 @@ fn revoke_latency(dev: &str, mib: u64) -> gdirect::Result<()> {
     Ok(())
 }
 
+/// The outcomes of reads made again and again until a free revokes their memory: whole,
+/// `EKEYREVOKED`, or anything else (printed).
+#[derive(Default)]
+struct ReadTally {
+    ok: AtomicU64,
+    revoked: AtomicU64,
+    other: AtomicU64,
+}
+
+impl ReadTally {
+    /// Reads `len` bytes with `read(i)` for i = 0, 1, ... until `stop` is set or a read gets
+    /// `EKEYREVOKED`, counting each outcome.
+    fn read_until_revoked(
+        &self,
+        stop: &std::sync::atomic::AtomicBool,
+        len: u64,
+        mut read: impl FnMut(u64) -> gdirect::Result<gdirect::Transfer>,
+    ) {
+        let mut i = 0;
+        while !stop.load(Ordering::Relaxed) {
+            match read(i) {
+                Ok(t) if t.bytes == len => self.ok.fetch_add(1, Ordering::Relaxed),
+                Err(Error::Revoked { .. }) => {
+                    self.revoked.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                r => {
+                    println!("read: {r:?}");
+                    self.other.fetch_add(1, Ordering::Relaxed)
+                }
+            };
+            i += 1;
+        }
+    }
+}
+
 /// The wait of a free behind the storage I/O running on the memory (see the command's help):
 /// `threads` synchronous reads of `mib` MiB from `dev`, spread over `regs` registrations of
 /// their own allocations, started together; 0.3 s later the first allocation is freed, and the
@@ -1428,31 +1464,23 @@ fn free_bound(dev: &str, threads: u64, mib: u64, regs: u64) -> gdirect::Result<(
         .collect::<gdirect::Result<Vec<_>>>()?;
     let file = File::open_direct(dev)?;
     let dev_len = file_len(dev)?;
-    let (ok, revoked, other) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let tally = ReadTally::default();
     let stop = AtomicBool::new(false);
     let start = Barrier::new(threads as usize + 1);
     let freed = std::thread::scope(|s| {
         for t in 0..threads {
-            let (reg, file, stop, start) =
-                (&registrations[(t % regs) as usize], &file, &stop, &start);
-            let (ok, revoked, other) = (&ok, &revoked, &other);
+            let (reg, file, stop, start, tally) = (
+                &registrations[(t % regs) as usize],
+                &file,
+                &stop,
+                &start,
+                &tally,
+            );
             s.spawn(move || {
                 let buf = (t / regs) * len;
                 let pos = (t * len) % (dev_len - dev_len % len).max(len);
                 start.wait();
-                while !stop.load(Ordering::Relaxed) {
-                    match file.read_into(reg, buf, pos, len) {
-                        Ok(t) if t.bytes == len => ok.fetch_add(1, Ordering::Relaxed),
-                        Err(Error::Revoked { .. }) => {
-                            revoked.fetch_add(1, Ordering::Relaxed);
-                            break;
-                        }
-                        r => {
-                            println!("read: {r:?}");
-                            other.fetch_add(1, Ordering::Relaxed)
-                        }
-                    };
-                }
+                tally.read_until_revoked(stop, len, |_| file.read_into(reg, buf, pos, len));
             });
         }
         start.wait();
@@ -1467,7 +1495,11 @@ fn free_bound(dev: &str, threads: u64, mib: u64, regs: u64) -> gdirect::Result<(
         freed.callbacks == 1,
         || format!("{freed:?}"),
     );
-    let (ok, revoked, other) = (ok.into_inner(), revoked.into_inner(), other.into_inner());
+    let (ok, revoked, other) = (
+        tally.ok.into_inner(),
+        tally.revoked.into_inner(),
+        tally.other.into_inner(),
+    );
     println!(
         "callback_ms={} reads_ok={ok} reads_revoked={revoked} reads_other={other}",
         freed.callback_time.as_millis()
@@ -1503,27 +1535,16 @@ fn revoke_copies(dev: &str, threads: u64, rounds: u64) -> gdirect::Result<()> {
         let (va, pages) = (alloc.va(), alloc.bar_pages()?);
         let reg = driver.register(&alloc)?;
         let stop = AtomicBool::new(false);
-        let (ok, rev, oth) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+        let tally = ReadTally::default();
         std::thread::scope(|s| -> gdirect::Result<()> {
             for t in 0..threads {
-                let (reg, file, stop) = (&reg, &file, &stop);
-                let (ok, rev, oth) = (&ok, &rev, &oth);
+                let (reg, file, stop, tally) = (&reg, &file, &stop, &tally);
                 s.spawn(move || {
-                    let mut i = t + round;
-                    while !stop.load(Ordering::Relaxed) {
-                        match file.read_into_with(reg, t * LEN, (i % span) * LEN, LEN, options) {
-                            Ok(r) if r.bytes == LEN => ok.fetch_add(1, Ordering::Relaxed),
-                            Err(Error::Revoked { .. }) => {
-                                rev.fetch_add(1, Ordering::Relaxed);
-                                break;
-                            }
-                            r => {
-                                println!("read: {r:?}");
-                                oth.fetch_add(1, Ordering::Relaxed)
-                            }
-                        };
-                        i += threads;
-                    }
+                    // Each read from another place of DEV, so that each copy changes the memory.
+                    tally.read_until_revoked(stop, LEN, |i| {
+                        let pos = ((t + round + i * threads) % span) * LEN;
+                        file.read_into_with(reg, t * LEN, pos, LEN, options)
+                    });
                 });
             }
             std::thread::sleep(std::time::Duration::from_millis(200));
@@ -1543,9 +1564,9 @@ fn revoke_copies(dev: &str, threads: u64, rounds: u64) -> gdirect::Result<()> {
             dirty_rounds += 1;
             println!("round {round}: {changed} bytes changed after the free returned");
         }
-        reads += ok.into_inner();
-        revoked += rev.into_inner();
-        other += oth.into_inner();
+        reads += tally.ok.into_inner();
+        revoked += tally.revoked.into_inner();
+        other += tally.other.into_inner();
         drop(reg);
         std::mem::forget(alloc);
     }
