@@ -342,6 +342,11 @@ struct gdirect_query_args {
  *  ENODEV      the file's block device went away (hot removal, an NVMe-oF
  *              controller deleted): a transfer never reports the bytes it got
  *              before that as a short success.
+ *  EINTR       READ and WRITE: a signal came while the transfer waited for
+ *              room, for a bounce buffer or under max_in_flight_bytes or
+ *              max_in_flight_bytes_per_user (the call is restarted instead
+ *              where the handler asks for it, SA_RESTART); a batch's transfers
+ *              run on the module's workers, which take no signals, and wait.
  *  EIO, ENOLINK (transport), ETIMEDOUT and the other errors of the file's
  *  read_iter/write_iter, passed on as the block layer reports them.
  *
