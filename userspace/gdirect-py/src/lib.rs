@@ -8,8 +8,8 @@
 use std::{
     collections::HashMap,
     path::PathBuf,
-    sync::{Arc, Mutex, MutexGuard, OnceLock},
-    time::Instant,
+    sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock},
+    time::{Duration, Instant},
 };
 
 use gdirect::{
@@ -20,7 +20,7 @@ use gdirect::{
     CompatReason, CudaError, Driver, Error, Provider,
 };
 use pyo3::{
-    exceptions::{PyMemoryError, PyOSError, PyRuntimeError, PyValueError},
+    exceptions::{PyMemoryError, PyOSError, PyRuntimeError, PyTimeoutError, PyValueError},
     prelude::*,
     types::PyDict,
 };
@@ -179,8 +179,9 @@ fn device_range(ptr: u64, len: u64) -> PyResult<usize> {
 /// and write many times).
 #[pyclass(module = "gdirect._native", frozen)]
 struct File {
-    src: Source,
-    sink: Option<Sink>,
+    // Shared with the requests still running on the engine's threads, which outlive a call.
+    src: Arc<Source>,
+    sink: Option<Arc<Sink>>,
 }
 
 #[pymethods]
@@ -191,8 +192,8 @@ impl File {
         // Opened for writing first: `w` makes the file the reading side then opens.
         let sink = match mode {
             "r" => None,
-            "r+" => Some(Sink::open(&path, false, false).map_err(py_err)?),
-            "w" => Some(Sink::open(&path, true, true).map_err(py_err)?),
+            "r+" => Some(Arc::new(Sink::open(&path, false, false).map_err(py_err)?)),
+            "w" => Some(Arc::new(Sink::open(&path, true, true).map_err(py_err)?)),
             _ => {
                 return Err(PyValueError::new_err(format!(
                     "mode '{mode}': expected 'r', 'r+' or 'w'"
@@ -200,7 +201,7 @@ impl File {
             }
         };
         Ok(Self {
-            src: Source::open(path).map_err(py_err)?,
+            src: Arc::new(Source::open(path).map_err(py_err)?),
             sink,
         })
     }
@@ -245,13 +246,16 @@ impl File {
 
     /// Reads `len` bytes at `file_offset` into CUDA device memory at `ptr`, which must lie in
     /// one allocation the CUDA driver knows (checked: an address range past the allocation's
-    /// end is refused, not written).
+    /// end is refused, not written). The read is ordered after the work queued on `stream`
+    /// (0: none), or on the whole context when no stream is given.
+    #[pyo3(signature = (ptr, len, file_offset, stream = None))]
     fn read_cuda<'py>(
         &self,
         py: Python<'py>,
         ptr: u64,
         len: u64,
         file_offset: u64,
+        stream: Option<u64>,
     ) -> PyResult<Bound<'py, PyDict>> {
         if len == 0 {
             // An empty array (its pointer may be 0, in no allocation): nothing to read.
@@ -259,12 +263,27 @@ impl File {
         }
         let ordinal = device_range(ptr, len)?;
         let engine = cuda_engine(ordinal)?;
+        let settled = settle(py, Place::Cuda(ordinal), stream)?;
+        let seg = Segment {
+            src: &self.src,
+            file_offset,
+            len,
+            mem_offset: 0,
+        };
         run_reported(py, &format!("cuda:{ordinal}"), || {
             // SAFETY: `ptr..ptr + len` lies in a live device allocation of GPU `ordinal`
             // (checked above), whose engine uses that GPU's primary context (the one CUDA
             // runtimes such as PyTorch's and CuPy's allocate in); the Python half keeps the
-            // array alive until this returns.
-            unsafe { engine.read_device_ptr(&self.src, ptr, len, 0, file_offset, len) }
+            // array alive until this returns; when `settled`, the work queued on it was waited
+            // for.
+            let (r, _) = unsafe {
+                if settled {
+                    engine.read_device_ptrs_settled(&[seg], &[(ptr, len)])
+                } else {
+                    engine.read_device_ptrs(&[seg], &[(ptr, len)])
+                }
+            }?;
+            Ok(r)
         })
     }
 
@@ -312,10 +331,73 @@ impl File {
             unsafe { engine.write_device_ptr(sink, ptr, len, file_offset) }
         })
     }
+
+    /// Starts reading `len` bytes at `file_offset` into memory at `ptr` (device memory of a
+    /// CUDA allocation when `cuda`, else host memory) and returns its `Future`; `keep` keeps
+    /// the memory alive until the read ends.
+    #[pyo3(signature = (cuda, ptr, len, file_offset, keep, stream = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn pread(
+        &self,
+        py: Python<'_>,
+        cuda: bool,
+        ptr: u64,
+        len: u64,
+        file_offset: u64,
+        keep: Py<PyAny>,
+        stream: Option<u64>,
+    ) -> PyResult<Future> {
+        self.one(py, true, cuda, ptr, len, file_offset, keep, stream)
+    }
+
+    /// Starts writing `len` bytes of memory at `ptr` (as `pread`'s) to the file at
+    /// `file_offset` and returns its `Future`.
+    fn pwrite(
+        &self,
+        py: Python<'_>,
+        cuda: bool,
+        ptr: u64,
+        len: u64,
+        file_offset: u64,
+        keep: Py<PyAny>,
+    ) -> PyResult<Future> {
+        self.sink()?;
+        self.one(py, false, cuda, ptr, len, file_offset, keep, None)
+    }
 }
 
 impl File {
-    fn sink(&self) -> PyResult<&Sink> {
+    /// One request started: see `pread`.
+    #[allow(clippy::too_many_arguments)]
+    fn one(
+        &self,
+        py: Python<'_>,
+        read: bool,
+        cuda: bool,
+        ptr: u64,
+        len: u64,
+        file_offset: u64,
+        keep: Py<PyAny>,
+        stream: Option<u64>,
+    ) -> PyResult<Future> {
+        let place = if len == 0 {
+            Place::Host
+        } else {
+            Place::of(cuda, ptr, len)?
+        };
+        let request = Request {
+            src: self.src.clone(),
+            sink: if read { None } else { self.sink.clone() },
+            file_offset,
+            ptr,
+            len,
+            place,
+            settled: read && settle(py, place, stream)?,
+        };
+        start(read, vec![request], keep, true)
+    }
+
+    fn sink(&self) -> PyResult<&Arc<Sink>> {
         self.sink.as_ref().ok_or_else(|| {
             PyOSError::new_err((
                 gdirect::Errno::EBADF as i32,
@@ -418,6 +500,577 @@ fn read_many<'py>(
     ))
 }
 
+/// Where a request's memory is: host memory, or device memory of a GPU (its ordinal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Place {
+    Host,
+    Cuda(usize),
+}
+
+impl Place {
+    /// The place of `len` bytes at `ptr`: host memory, or device memory checked to lie in one
+    /// CUDA allocation.
+    fn of(cuda: bool, ptr: u64, len: u64) -> PyResult<Self> {
+        if !cuda {
+            if ptr == 0 && len > 0 {
+                return Err(PyValueError::new_err("a null memory address"));
+            }
+            return Ok(Self::Host);
+        }
+        Ok(Self::Cuda(device_range(ptr, len)?))
+    }
+}
+
+/// One request of an asynchronous call: `len` bytes of `file` at `file_offset`, to or from the
+/// memory at `ptr` (an address in the place it names).
+struct Request {
+    src: Arc<Source>,
+    sink: Option<Arc<Sink>>,
+    file_offset: u64,
+    ptr: u64,
+    len: u64,
+    place: Place,
+    /// A read's memory needs no wait for the context's work: the work queued on it (its
+    /// stream's) was waited for at the call (`settle`).
+    settled: bool,
+}
+
+/// Orders a read into the memory at `place` after the work queued on it: `stream` is the
+/// stream its producer names (PyTorch's current stream, `__cuda_array_interface__`'s
+/// `stream`; 0: none needed), waited for here, on the caller's thread (the GIL released only
+/// if it is busy). Returns whether that was done; if not (host memory, or no stream known),
+/// the read waits for the whole context instead.
+fn settle(py: Python<'_>, place: Place, stream: Option<u64>) -> PyResult<bool> {
+    let (Place::Cuda(o), Some(s)) = (place, stream) else {
+        return Ok(false);
+    };
+    if s == 0 {
+        return Ok(true);
+    }
+    let engine = cuda_engine(o)?;
+    // SAFETY: `s` is the stream that the memory's producer (PyTorch, or the object's
+    // `__cuda_array_interface__`) names for work on it, a stream of GPU `o`'s primary context
+    // (the one CUDA runtimes use) or a default stream's handle; the producer keeps it alive.
+    if !unsafe { engine.backend().stream_done(s) }.map_err(py_err)? {
+        // SAFETY: as above.
+        py.allow_threads(|| unsafe { engine.backend().wait_stream(s) })
+            .map_err(py_err)?;
+    }
+    Ok(true)
+}
+
+/// The shared state of an asynchronous call: its requests' results as the engine's threads
+/// finish their parts, and who waits.
+struct Pending {
+    state: Mutex<PendingState>,
+    ready: Condvar,
+    /// Parts not started yet. Each has a turn on a `Starter` thread, which runs one if any is
+    /// left then; a thread that waits for the call runs them itself first, so a request
+    /// waited for at once (`pread(...).get()`) is not handed to another thread and back.
+    queued: Mutex<Vec<Part>>,
+    /// Every part has ended (`left` is 0), for a look without the lock.
+    done: std::sync::atomic::AtomicBool,
+}
+
+/// A part of an asynchronous call, ready to run: it reports to its `Pending` itself.
+type Part = Box<dyn FnOnce() + Send>;
+
+struct PendingState {
+    /// Parts still running (a part is one engine call: a group of reads, or one write).
+    left: usize,
+    /// Bytes moved by each request, in the call's order.
+    bytes: Vec<u64>,
+    /// The first error a part met.
+    error: Option<Error>,
+    /// Called (with the GIL) when the last part ends: `add_done_callback`'s.
+    callbacks: Vec<(Py<PyAny>, Py<Future>)>,
+}
+
+impl Pending {
+    fn new(requests: usize, parts: usize) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(PendingState {
+                left: parts,
+                bytes: vec![0; requests],
+                error: None,
+                callbacks: Vec::new(),
+            }),
+            ready: Condvar::new(),
+            queued: Mutex::new(Vec::new()),
+            done: std::sync::atomic::AtomicBool::new(parts == 0),
+        })
+    }
+
+    /// Runs a part not started yet, if one is left: whether one was.
+    fn run_one(&self) -> bool {
+        let part = lock(&self.queued).pop();
+        part.map(|p| p()).is_some()
+    }
+
+    /// Runs the parts nobody has started, then waits for the rest (no GIL held): for a short
+    /// while by looking (a small block's I/O, which a `Starter` thread may have begun, ends in
+    /// microseconds: sleeping and being woken would cost more), then asleep.
+    fn help_and_wait(&self) {
+        while self.run_one() {}
+        let t0 = Instant::now();
+        while !self.done.load(std::sync::atomic::Ordering::Acquire) {
+            if t0.elapsed() > Duration::from_micros(50) {
+                self.wait(None);
+                return;
+            }
+            for _ in 0..64 {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Part of the call has ended, with `bytes` for the requests it served (by index) or an
+    /// error.
+    fn part_done(&self, result: gdirect::Result<Vec<(usize, u64)>>) {
+        let callbacks = {
+            let mut st = lock(&self.state);
+            match result {
+                Ok(each) => {
+                    for (i, n) in each {
+                        st.bytes[i] = n;
+                    }
+                }
+                Err(e) => {
+                    st.error.get_or_insert(e);
+                }
+            }
+            st.left -= 1;
+            if st.left > 0 {
+                return;
+            }
+            self.done.store(true, std::sync::atomic::Ordering::Release);
+            self.ready.notify_all();
+            std::mem::take(&mut st.callbacks)
+        };
+        if !callbacks.is_empty() {
+            Python::with_gil(|py| {
+                for (cb, fut) in callbacks {
+                    if let Err(e) = cb.call1(py, (fut,)) {
+                        e.write_unraisable(py, Some(cb.bind(py)));
+                    }
+                }
+            });
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.done.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Waits until every part has ended, or `timeout` has passed: whether they have.
+    fn wait(&self, timeout: Option<Duration>) -> bool {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut st = lock(&self.state);
+        while st.left > 0 {
+            st = match deadline {
+                None => self.ready.wait(st).unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return false;
+                    }
+                    self.ready
+                        .wait_timeout(st, d - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+            };
+        }
+        true
+    }
+}
+
+/// An asynchronous read or write (`File.pread`, `File.pwrite`) or batch of them
+/// (`read_batch`, `write_batch`), running on the engine's threads: `get()` waits for it (the
+/// GIL released) and returns the bytes moved (a list of them, one per request, for a batch),
+/// or raises what the first failed request met. It holds the memory of its requests until
+/// they end; dropped before then, it waits for them.
+#[pyclass(module = "gdirect._native", frozen)]
+struct Future {
+    pending: Arc<Pending>,
+    /// What keeps the requests' memory alive (the Python half's handles): held, never read.
+    #[allow(dead_code)]
+    keep: Py<PyAny>,
+    /// One request (`get` returns an int), not a batch (a list).
+    single: bool,
+    /// The error `get` raised, raised again by a later `get`.
+    raised: Mutex<Option<PyErr>>,
+}
+
+#[pymethods]
+impl Future {
+    /// Whether every request has ended (`get` will not wait).
+    fn done(&self) -> bool {
+        self.pending.is_done()
+    }
+
+    /// Waits for the requests to end (at most `timeout` seconds: `TimeoutError` after) and
+    /// returns the bytes moved: an int, or a list of them for a batch.
+    #[pyo3(signature = (timeout = None))]
+    fn get(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyObject> {
+        let timeout = timeout
+            .map(|t| {
+                // (NaN is refused; a negative timeout is 0, as concurrent.futures takes it.)
+                Duration::try_from_secs_f64(if t < 0.0 { 0.0 } else { t })
+                    .map_err(|_| PyValueError::new_err(format!("timeout {t}: not a duration")))
+            })
+            .transpose()?;
+        if timeout.is_none() {
+            if !self.pending.is_done() {
+                py.allow_threads(|| self.pending.help_and_wait());
+            }
+        } else if !self.pending.is_done() && !py.allow_threads(|| self.pending.wait(timeout)) {
+            return Err(PyTimeoutError::new_err(
+                "the requests did not end within the timeout",
+            ));
+        }
+        let mut raised = lock(&self.raised);
+        if let Some(e) = &*raised {
+            return Err(e.clone_ref(py));
+        }
+        let mut st = lock(&self.pending.state);
+        if let Some(e) = st.error.take() {
+            let e = py_err(e);
+            *raised = Some(e.clone_ref(py));
+            return Err(e);
+        }
+        Ok(if self.single {
+            st.bytes[0].into_pyobject(py)?.into_any().unbind()
+        } else {
+            st.bytes.clone().into_pyobject(py)?.into_any().unbind()
+        })
+    }
+
+    /// Calls `fn(future)` when every request has ended: at once (in this thread) if they have,
+    /// else from the engine's thread that ends the last one.
+    fn add_done_callback(slf: &Bound<'_, Self>, callback: Py<PyAny>) -> PyResult<()> {
+        let me = slf.get();
+        {
+            let mut st = lock(&me.pending.state);
+            if st.left > 0 {
+                st.callbacks.push((callback, slf.clone().unbind()));
+                return Ok(());
+            }
+        }
+        callback.call1(slf.py(), (slf,))?;
+        Ok(())
+    }
+
+    /// `await future`: the bytes moved, without blocking the event loop.
+    fn __await__(slf: &Bound<'_, Self>) -> PyResult<PyObject> {
+        let py = slf.py();
+        let coro = py
+            .import("gdirect")?
+            .getattr("_await_future")?
+            .call1((slf,))?;
+        Ok(coro.call_method0("__await__")?.unbind())
+    }
+
+    fn __repr__(&self) -> String {
+        let raised = lock(&self.raised).is_some();
+        let st = lock(&self.pending.state);
+        let what = if self.single { "request" } else { "batch" };
+        let state = match st.left {
+            0 if raised || st.error.is_some() => "failed",
+            0 => "done",
+            _ => "running",
+        };
+        format!("<gdirect.Future {what} {state}>")
+    }
+}
+
+impl Drop for Future {
+    fn drop(&mut self) {
+        // The memory (`keep`) must outlive every DMA into or out of it.
+        if !self.pending.is_done() {
+            Python::with_gil(|py| py.allow_threads(|| self.pending.help_and_wait()));
+        }
+    }
+}
+
+/// Starts `requests` (reads into memory, or writes out of it) on the engines' threads: reads
+/// into the same place go to its engine as one vectored read, whose workers take their pieces
+/// in turn; each write is its own part.
+fn start(read: bool, requests: Vec<Request>, keep: Py<PyAny>, single: bool) -> PyResult<Future> {
+    if read {
+        let mut ranges: Vec<(u64, u64)> = requests
+            .iter()
+            .filter(|r| r.len > 0)
+            .map(|r| (r.ptr, r.len))
+            .collect();
+        ranges.sort_unstable();
+        if ranges
+            .windows(2)
+            .any(|w| w[0].0.saturating_add(w[0].1) > w[1].0)
+        {
+            return Err(PyValueError::new_err(
+                "two destinations of one batch of reads overlap",
+            ));
+        }
+    }
+    // The parts: groups of request indices, each with its engine.
+    let mut groups: Vec<(Place, Vec<usize>)> = Vec::new();
+    for (i, r) in requests.iter().enumerate() {
+        if r.len == 0 {
+            continue;
+        }
+        match groups.iter_mut().find(|g| read && g.0 == r.place) {
+            Some(g) => g.1.push(i),
+            None => groups.push((r.place, vec![i])),
+        }
+    }
+    let mut engines = Vec::with_capacity(groups.len());
+    for (place, _) in &groups {
+        engines.push(match place {
+            Place::Host => Engine::Host(host_engine()?),
+            Place::Cuda(o) => Engine::Cuda(cuda_engine(*o)?),
+        });
+    }
+    let pending = Pending::new(requests.len(), groups.len().max(1));
+    if groups.is_empty() {
+        pending.part_done(Ok(Vec::new()));
+    }
+    let requests = Arc::new(requests);
+    let spawners = groups.len();
+    {
+        let mut queued = lock(&pending.queued);
+        for ((_, idx), engine) in groups.into_iter().zip(engines) {
+            let (me, requests) = (pending.clone(), requests.clone());
+            queued.push(Box::new(move || {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    // SAFETY: every request's memory is as `File::read_host`/`read_cuda`
+                    // (reads) or `write_host`/`write_cuda` (writes) require: checked by the
+                    // Python half and `Place::of`, kept alive by the `Future`'s `keep` until
+                    // this part ends (dropping the future runs or waits for it); reads'
+                    // destinations do not overlap.
+                    unsafe { engine.run(read, &requests, &idx) }
+                }))
+                .unwrap_or(Err(Error::Worker {
+                    what: "an asynchronous request panicked",
+                }));
+                me.part_done(r);
+            }));
+        }
+    }
+    for _ in 0..spawners {
+        Starter::get().push(pending.clone());
+    }
+    Ok(Future {
+        pending,
+        keep,
+        single,
+        raised: Mutex::new(None),
+    })
+}
+
+/// The threads that start asynchronous calls: each takes a call with a part not started yet
+/// and runs that part (a thread that waits for the call may have run it first: then there is
+/// nothing left to do). Made as needed, up to the engines' number of threads, and kept. They
+/// sleep on a condition variable when there is nothing to start, and are woken only when one
+/// sleeps: a request waited for at once costs no hand-off and no spinning thread.
+struct Starter {
+    queue: Mutex<StarterQueue>,
+    wake: Condvar,
+}
+
+struct StarterQueue {
+    calls: std::collections::VecDeque<Arc<Pending>>,
+    /// Threads made; those asleep and not yet woken; wake-ups sent and not yet taken.
+    threads: usize,
+    idle: usize,
+    wakes: usize,
+}
+
+impl Starter {
+    fn get() -> &'static Self {
+        static STARTER: OnceLock<Starter> = OnceLock::new();
+        STARTER.get_or_init(|| Starter {
+            queue: Mutex::new(StarterQueue {
+                calls: Default::default(),
+                threads: 0,
+                idle: 0,
+                wakes: 0,
+            }),
+            wake: Condvar::new(),
+        })
+    }
+
+    /// Has a thread run one of `call`'s parts that nobody has started.
+    fn push(&'static self, call: Arc<Pending>) {
+        let mut q = lock(&self.queue);
+        q.calls.push_back(call);
+        if q.idle > 0 {
+            q.idle -= 1;
+            q.wakes += 1;
+            self.wake.notify_one();
+            return;
+        }
+        let most = lock(engines())
+            .overrides
+            .builder()
+            .settings()
+            .map_or(1, |s| s.threads);
+        if q.threads < most
+            && std::thread::Builder::new()
+                .name("gdirect-start".into())
+                .spawn(move || self.serve())
+                .is_ok()
+        {
+            q.threads += 1;
+        }
+        // Else the busy threads take it when they are done, or a `get` runs it.
+    }
+
+    fn serve(&self) {
+        let mut q = lock(&self.queue);
+        loop {
+            match q.calls.pop_front() {
+                Some(call) => {
+                    drop(q);
+                    call.run_one();
+                    q = lock(&self.queue);
+                }
+                None => {
+                    q.idle += 1;
+                    while q.wakes == 0 {
+                        q = self.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+                    }
+                    q.wakes -= 1;
+                }
+            }
+        }
+    }
+}
+
+/// An engine of either kind.
+enum Engine {
+    Host(Arc<CompatEngine<HostBackend>>),
+    Cuda(Arc<CompatEngine<CudaBackend>>),
+}
+
+impl Engine {
+    /// Runs requests `idx` of `requests` (all in this engine's place): one vectored read, or
+    /// each write in turn. Returns each request's bytes.
+    ///
+    /// # Safety
+    ///
+    /// Each request's memory is `len` bytes at `ptr` in this engine's place, valid (writable
+    /// for reads) until this returns, and no Rust reference points into it; reads'
+    /// destinations do not overlap.
+    unsafe fn run(
+        &self,
+        read: bool,
+        requests: &[Request],
+        idx: &[usize],
+    ) -> gdirect::Result<Vec<(usize, u64)>> {
+        if read {
+            let segs: Vec<Segment<'_>> = idx
+                .iter()
+                .map(|&i| Segment {
+                    src: &requests[i].src,
+                    file_offset: requests[i].file_offset,
+                    len: requests[i].len,
+                    mem_offset: 0,
+                })
+                .collect();
+            let each = match self {
+                Self::Host(e) => {
+                    let ptrs: Vec<(*mut u8, u64)> = idx
+                        .iter()
+                        .map(|&i| (requests[i].ptr as usize as *mut u8, requests[i].len))
+                        .collect();
+                    // SAFETY: this function's contract.
+                    unsafe { e.read_host_ptrs(&segs, &ptrs) }?.1
+                }
+                Self::Cuda(e) => {
+                    let ptrs: Vec<(u64, u64)> = idx
+                        .iter()
+                        .map(|&i| (requests[i].ptr, requests[i].len))
+                        .collect();
+                    if idx.iter().all(|&i| requests[i].settled) {
+                        // SAFETY: this function's contract; the work queued on each
+                        // destination was waited for (`settle`).
+                        unsafe { e.read_device_ptrs_settled(&segs, &ptrs) }?.1
+                    } else {
+                        // SAFETY: this function's contract.
+                        unsafe { e.read_device_ptrs(&segs, &ptrs) }?.1
+                    }
+                }
+            };
+            return Ok(idx.iter().zip(each).map(|(&i, r)| (i, r.bytes)).collect());
+        }
+        let mut out = Vec::with_capacity(idx.len());
+        for &i in idx {
+            let r = &requests[i];
+            let sink = r.sink.as_deref().ok_or(Error::Worker {
+                what: "a write request without a file open for writing",
+            })?;
+            let report = match self {
+                // SAFETY: this function's contract.
+                Self::Host(e) => unsafe {
+                    e.write_host_ptr(sink, r.ptr as usize as *const u8, r.len, r.file_offset)
+                },
+                // SAFETY: this function's contract.
+                Self::Cuda(e) => unsafe { e.write_device_ptr(sink, r.ptr, r.len, r.file_offset) },
+            }?;
+            out.push((i, report.bytes));
+        }
+        Ok(out)
+    }
+}
+
+/// A request of `submit`: `(file, file_offset, cuda, address, size, stream)`.
+type PyRequest = (Py<File>, u64, bool, u64, u64, Option<u64>);
+
+/// Starts a batch of requests, each `(file, file_offset, cuda, address, size, stream)`: reads into
+/// memory (`read=True`) or writes out of it, on host memory or on any GPU's; returns its
+/// `Future`. `keep` keeps the memory alive until the batch ends.
+#[pyfunction]
+#[pyo3(signature = (read, requests, keep))]
+fn submit(
+    py: Python<'_>,
+    read: bool,
+    requests: Vec<PyRequest>,
+    keep: Py<PyAny>,
+) -> PyResult<Future> {
+    let mut reqs = Vec::with_capacity(requests.len());
+    let mut waited = Vec::new();
+    for (file, file_offset, cuda, ptr, len, stream) in requests {
+        let f = file.get();
+        let sink = if read { None } else { Some(f.sink()?.clone()) };
+        let place = if len == 0 {
+            Place::Host
+        } else {
+            Place::of(cuda, ptr, len)?
+        };
+        // Each stream waited for once.
+        let settled = match stream {
+            Some(s) if read && waited.contains(&(place, s)) => true,
+            _ if read => {
+                let done = settle(py, place, stream)?;
+                waited.extend(stream.filter(|_| done).map(|s| (place, s)));
+                done
+            }
+            _ => false,
+        };
+        reqs.push(Request {
+            src: f.src.clone(),
+            sink,
+            file_offset,
+            ptr,
+            len,
+            place,
+            settled,
+        });
+    }
+    start(read, reqs, keep, false)
+}
+
 /// Sets the engines' settings (`None` keeps the environment's or the default); engines made
 /// before are dropped, the next read makes new ones.
 #[pyfunction]
@@ -468,6 +1121,8 @@ fn settings(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<File>()?;
+    m.add_class::<Future>()?;
+    m.add_function(wrap_pyfunction!(submit, m)?)?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(read_many, m)?)?;
     m.add_function(wrap_pyfunction!(settings, m)?)?;

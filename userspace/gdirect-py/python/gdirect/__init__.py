@@ -16,17 +16,45 @@ Nothing here imports torch, CuPy or NumPy: they are recognised by what they expo
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import ctypes
 import dataclasses
 import os
+import sys
 import threading
-from typing import Any, Optional
+from typing import Any, Iterable, Optional, Tuple
 
 from . import _native
 
 __version__ = _native.__version__
-__all__ = ["File", "Report", "configure", "settings", "safetensors"]
+__all__ = [
+    "File", "Future", "Report", "configure", "read_batch", "settings", "safetensors",
+    "write_batch",
+]
+
+#: An asynchronous read or write (``File.pread``, ``File.pwrite``) or batch of them
+#: (``read_batch``, ``write_batch``), running on the engine's threads, not on a Python thread of
+#: its own. ``get(timeout=None)`` waits for it with the GIL released and returns the bytes moved
+#: (a list, one per request, for a batch) or raises what the first failed request met;
+#: ``done()`` says whether it has ended; ``add_done_callback(fn)`` calls ``fn(future)`` then;
+#: ``await future`` gives what ``get()`` does without blocking the event loop. A future holds
+#: its memory until its requests end: dropped before then, it waits for them.
+Future = _native.Future
+
+
+async def _await_future(f: Future) -> Any:
+    """``await f`` (``Future.__await__``): woken from the engine's thread that ends it."""
+    if not f.done():
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+
+        def wake(_f: Future) -> None:
+            loop.call_soon_threadsafe(lambda: waiter.done() or waiter.set_result(None))
+
+        f.add_done_callback(wake)
+        await waiter
+    return f.get()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +87,29 @@ class _Target:
     ptr: int
     nbytes: int
     keep: Any  # what keeps the memory alive (and its buffer export held) for the call
+    # The stream whose queued work uses the memory, as its producer names it: a handle, 1 (the
+    # legacy default stream), 2 (the per-thread one), 0 (none: nothing to wait for), or None
+    # (not known: a read waits for the whole GPU's work instead).
+    stream: Optional[int] = None
+
+
+_torch_raw_stream: Any = None
+
+
+def _torch_stream(t: Any) -> Optional[int]:
+    """PyTorch's current stream on the CUDA tensor ``t``'s GPU: the stream its next operation
+    on ``t`` would be queued on, so the one a read into it is ordered after."""
+    global _torch_raw_stream
+    try:
+        if _torch_raw_stream is None:
+            torch = sys.modules["torch"]
+            _torch_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+                lambda index: torch.cuda.current_stream(index).cuda_stream
+            )
+        # Stream 0 is the legacy default stream (PyTorch is not built for per-thread ones).
+        return int(_torch_raw_stream(t.device.index)) or 1
+    except Exception:  # noqa: BLE001 (an unknown stream: the whole GPU's work is waited for)
+        return None
 
 
 def _contiguous_nbytes(shape, strides, itemsize: int) -> int:
@@ -115,13 +166,20 @@ class _Export:
             _release_buffer(ctypes.byref(self.view))
 
 
+# Types found to be PyTorch tensors (asked once per type: this runs once per request).
+_TENSOR_TYPES: set = set()
+
+
 def _target(obj: Any, writable: bool = True) -> _Target:
     """The address and size of ``obj``'s memory, checked contiguous, and writable when the call
     writes it (a read's destination; a write's source may be read-only)."""
     role = "destination" if writable else "source"
     # A PyTorch tensor, on the GPU or the CPU: its storage, by address. (Asked first: a tensor
     # that requires grad raises on __cuda_array_interface__, and a CPU one has no buffer.)
-    if all(hasattr(obj, a) for a in ("data_ptr", "element_size", "is_contiguous", "numel", "is_cuda")):
+    if type(obj) in _TENSOR_TYPES or all(
+        hasattr(obj, a) for a in ("data_ptr", "element_size", "is_contiguous", "numel", "is_cuda")
+    ):
+        _TENSOR_TYPES.add(type(obj))
         if writable and getattr(obj, "requires_grad", False):
             raise ValueError("the destination tensor requires grad: pass tensor.detach()")
         device = getattr(getattr(obj, "device", None), "type", "cuda" if obj.is_cuda else "cpu")
@@ -131,8 +189,10 @@ def _target(obj: Any, writable: bool = True) -> _Target:
             )
         if not obj.is_contiguous():
             raise ValueError(f"the {role} tensor is not contiguous")
-        kind = "cuda" if obj.is_cuda else "host"
-        return _Target(kind, int(obj.data_ptr()), obj.numel() * obj.element_size(), obj)
+        nbytes = obj.numel() * obj.element_size()
+        if obj.is_cuda:
+            return _Target("cuda", int(obj.data_ptr()), nbytes, obj, _torch_stream(obj))
+        return _Target("host", int(obj.data_ptr()), nbytes, obj)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         ptr, readonly = cai["data"]
@@ -140,7 +200,9 @@ def _target(obj: Any, writable: bool = True) -> _Target:
             raise ValueError("the destination CUDA array is read-only")
         typestr = cai["typestr"]
         nbytes = _contiguous_nbytes(cai["shape"], cai.get("strides"), int(typestr[2:]))
-        return _Target("cuda", int(ptr), nbytes, obj)
+        # Version 3's stream: the one to order after (None: nothing to wait for).
+        stream = (cai["stream"] or 0) if "stream" in cai else None
+        return _Target("cuda", int(ptr), nbytes, obj, stream)
     try:
         view = memoryview(obj)
     except TypeError:
@@ -283,6 +345,13 @@ class File:
         """Reads ``size`` bytes (default: to the end of ``dest``) at ``file_offset`` into
         ``dest`` at byte ``dest_offset``. A read past the end of the file is short: the report's
         ``bytes`` and ``eof`` say so, and the rest of ``dest`` is left as it was.
+
+        A read into GPU memory is ordered after the work queued on ``dest``'s stream when it is
+        called: PyTorch's current stream for a tensor, the stream an object's
+        ``__cuda_array_interface__`` names (CuPy's current one); for memory of no known stream
+        (DLPack, an interface without one), after all the work queued on that GPU. So the read
+        never overwrites bytes that work queued before it still uses, as a PyTorch operation on
+        that stream would not. Work on other streams is the caller's to order, as in PyTorch.
         """
         return self._call(dest, True, file_offset, dest_offset, size)
 
@@ -315,13 +384,61 @@ class File:
         file_offset = _index("file_offset", file_offset)
         mem_offset = _index(name, mem_offset)
         size = _span(t, mem_offset, size, name, role)
-        call = {
-            (True, "cuda"): self._f.read_cuda, (True, "host"): self._f.read_host,
-            (False, "cuda"): self._f.write_cuda, (False, "host"): self._f.write_host,
-        }[(read, t.kind)]
-        r = call(t.ptr + mem_offset, size, file_offset)
+        if read and t.kind == "cuda":
+            r = self._f.read_cuda(t.ptr + mem_offset, size, file_offset, t.stream)
+        else:
+            call = {
+                (True, "host"): self._f.read_host,
+                (False, "cuda"): self._f.write_cuda, (False, "host"): self._f.write_host,
+            }[(read, t.kind)]
+            r = call(t.ptr + mem_offset, size, file_offset)
         del t
         return Report(**r)
+
+    def pread(
+        self,
+        buf: Any,
+        size: Optional[int] = None,
+        file_offset: int = 0,
+        buf_offset: int = 0,
+    ) -> Future:
+        """Starts reading ``size`` bytes (default: to the end of ``buf``) at ``file_offset`` into
+        ``buf`` at byte ``buf_offset``, and returns at once: a ``Future`` whose ``get()`` is the
+        bytes read (fewer than ``size`` only at the end of the file). The arguments are
+        KvikIO's ``CuFile.pread``'s, in its order; ``buf`` is anything ``read`` takes. The
+        read runs on the engine's threads (no Python thread per request), so many can be in
+        flight from one thread; the future holds ``buf`` until the read ends. Bad arguments
+        raise here; what the read meets, ``get()`` raises."""
+        return self._start(buf, True, size, file_offset, buf_offset)
+
+    def pwrite(
+        self,
+        buf: Any,
+        size: Optional[int] = None,
+        file_offset: int = 0,
+        buf_offset: int = 0,
+    ) -> Future:
+        """Starts writing ``size`` bytes (default: to the end of ``buf``) of ``buf`` from byte
+        ``buf_offset`` to the file at ``file_offset``, and returns a ``Future`` of the bytes
+        written, as ``pread`` does. A write from GPU memory is ordered after the work queued on
+        that GPU when it is called, as ``write``'s is; ``buf`` must not change until the future
+        is done."""
+        return self._start(buf, False, size, file_offset, buf_offset)
+
+    def _start(self, mem: Any, read: bool, size: Optional[int], file_offset: int,
+               mem_offset: int) -> Future:
+        t = _target(mem, writable=read)
+        # (Plain ints checked inline: this runs once per request, with the GIL held.)
+        if type(file_offset) is not int or file_offset < 0:
+            file_offset = _index("file_offset", file_offset)
+        if (type(mem_offset) is not int or type(size) is not int or mem_offset < 0 or size < 0
+                or mem_offset + size > t.nbytes):
+            mem_offset = _index("buf_offset", mem_offset)
+            size = _span(t, mem_offset, size, "buf_offset", "destination" if read else "source")
+        if read:
+            return self._f.pread(t.kind == "cuda", t.ptr + mem_offset, size, file_offset, t.keep,
+                                 t.stream)
+        return self._f.pwrite(t.kind == "cuda", t.ptr + mem_offset, size, file_offset, t.keep)
 
     def read_async(
         self,
@@ -342,6 +459,47 @@ class File:
 
     def __repr__(self) -> str:
         return f"gdirect.File({self.path!r})"
+
+
+Request = Tuple[File, int, Any, int, Optional[int]]
+
+
+def _batch(requests: Iterable[Request], read: bool) -> Future:
+    role, name = ("destination", "memory_offset") if read else ("source", "memory_offset")
+    native, keep = [], []
+    for n, req in enumerate(requests):
+        try:
+            file, file_offset, mem, mem_offset, size = req
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"request {n}: expected (file, file_offset, memory, memory_offset, size)"
+            ) from None
+        if not isinstance(file, File):
+            raise TypeError(f"request {n}: {type(file).__name__} is not a gdirect.File")
+        t = _target(mem, writable=read)
+        mem_offset = _index(name, mem_offset)
+        size = _span(t, mem_offset, size, name, role)
+        native.append((file._f, _index("file_offset", file_offset), t.kind == "cuda",
+                       t.ptr + mem_offset, size, t.stream))
+        keep.append(t.keep)
+    return _native.submit(read, native, keep)
+
+
+def read_batch(requests: Iterable[Request]) -> Future:
+    """Starts many reads at once, each ``(file, file_offset, memory, memory_offset, size)``
+    (``size`` ``None``: to the end of ``memory``), into host memory or any GPU's, and returns one
+    ``Future``: ``get()`` is the list of each request's bytes read. The reads into one place (the
+    host, or one GPU) are one job for the engine's threads, which take their pieces in turn:
+    thousands of small blocks (a KV cache's) cost one call. Destinations may not overlap
+    (``ValueError``)."""
+    return _batch(requests, True)
+
+
+def write_batch(requests: Iterable[Request]) -> Future:
+    """Starts many writes at once, each ``(file, file_offset, memory, memory_offset, size)``,
+    as ``read_batch`` reads: ``get()`` is each request's bytes written. Every file must be open
+    for writing; writes whose file ranges overlap land in no set order."""
+    return _batch(requests, False)
 
 
 def configure(

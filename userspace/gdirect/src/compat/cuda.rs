@@ -249,6 +249,37 @@ impl CudaBackend {
         cuda("context synchronize", unsafe { sys::cuCtxSynchronize() })
     }
 
+    /// Whether the work queued on `stream` has finished (`cuStreamQuery`), asked in this
+    /// backend's context: the cheap first half of [`CudaBackend::wait_stream`].
+    ///
+    /// # Safety
+    ///
+    /// `stream` is a live stream of this backend's context, or `CU_STREAM_LEGACY` (1) or
+    /// `CU_STREAM_PER_THREAD` (2), which name the calling thread's default streams.
+    pub unsafe fn stream_done(&self, stream: u64) -> Result<bool> {
+        let _entered = Entered::push(&self.ctx)?;
+        // SAFETY: the caller's promise for the handle; the context is current.
+        match unsafe { sys::cuStreamQuery(stream as sys::CUstream) } {
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => cuda("stream query", r).map(|()| true),
+        }
+    }
+
+    /// Waits for the work queued on `stream` (`cuStreamSynchronize`), in this backend's
+    /// context: how a read into memory that a stream's work uses is ordered after that work,
+    /// without waiting for the whole context (every other stream, the engine's own copies).
+    ///
+    /// # Safety
+    ///
+    /// As [`CudaBackend::stream_done`].
+    pub unsafe fn wait_stream(&self, stream: u64) -> Result<()> {
+        let _entered = Entered::push(&self.ctx)?;
+        // SAFETY: the caller's promise for the handle; the context is current.
+        cuda("stream synchronize", unsafe {
+            sys::cuStreamSynchronize(stream as sys::CUstream)
+        })
+    }
+
     /// The context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx

@@ -795,13 +795,15 @@ impl CompatEngine<CudaBackend> {
     }
 
     /// [`CompatEngine::read_device_ptrs`] without waiting for the context's work first: the
-    /// caller has waited for the work queued on the memory (its stream).
+    /// caller has waited for the work queued on the memory (its stream: see
+    /// [`CudaBackend::wait_stream`]), so the read need not wait for every stream of the
+    /// context (the engine's own copies of other reads among them).
     ///
     /// # Safety
     ///
     /// As [`CompatEngine::read_device_ptrs`], and no work queued on the device reads or writes
     /// the destinations.
-    pub(crate) unsafe fn read_device_ptrs_settled(
+    pub unsafe fn read_device_ptrs_settled(
         &self,
         segments: &[Segment<'_>],
         ptrs: &[(u64, u64)],
@@ -929,8 +931,19 @@ impl<B: Backend> CompatEngine<B> {
                 });
             }
             let src = spec.src;
-            // The size now, not when the file was opened: it may have grown (or shrunk) since.
-            let size = src.current_size().unwrap_or_else(|_| src.id().size());
+            // A range inside the size the file had when it was opened is read as it is (a file
+            // that shrank since gives a short read, found where it ends); one past it asks the
+            // size now (`statx`: the file may have grown since), and so does every read through
+            // a mapping (whose pages past a new end must not be touched). Small reads skip that
+            // call.
+            let opened = src.id().size();
+            let size = if mode != PageCache::Mapped
+                && spec.file_offset.saturating_add(spec.len) <= opened
+            {
+                opened
+            } else {
+                src.current_size().unwrap_or(opened)
+            };
             let want = spec.len.min(size.saturating_sub(spec.file_offset));
             let piece = Plan::piece_size(want, s.threads, s.task_size, s.max_piece);
             let align = src.direct_align();
@@ -974,7 +987,8 @@ impl<B: Backend> CompatEngine<B> {
             // Each worker takes a lane from the pool when it starts and puts it back when it
             // ends (its copies finished), not when the whole read does: reads at once
             // (asynchronous ones) share the engine's threads, so no more lanes (pinned
-            // staging) than threads are ever in use, and the pool stays that size.
+            // staging) are in use than threads run workers (the engine's, and callers' running
+            // a one-piece read themselves), and the pool stays that size.
             let results = self
                 .on_workers(
                     (0..workers)
@@ -1039,24 +1053,44 @@ impl<B: Backend> CompatEngine<B> {
         Ok((report, each))
     }
 
-    /// Runs every task on the engine's threads at once and waits for all of them: what each
-    /// returned, in no particular order, or `None` for a task that panicked.
+    /// Runs every task at once and waits for all of them: what each returned, in no particular
+    /// order, or `None` for a task that panicked. The calling thread runs the first task
+    /// itself and the engine's threads the rest: a lone task (a read or write of one piece: a
+    /// small block) is never handed to another thread and back, which would cost two thread
+    /// switches, more than a small block's I/O; and callers reading at once (batches from
+    /// many threads) add their own threads to the engine's. (So lanes are used by callers'
+    /// threads too: the engine keeps at most one per thread that reads or writes at once.)
     fn on_workers<T, F>(&self, tasks: Vec<F>) -> Vec<Option<T>>
     where
         F: FnOnce() -> T + Send,
         T: Send,
     {
         let out = Mutex::new(Vec::with_capacity(tasks.len()));
-        self.pool.scope(|scope| {
+        let run = |task: F, out: &Mutex<Vec<Option<T>>>| {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task)).ok();
+            lock(out).push(r);
+        };
+        let mut tasks = tasks.into_iter();
+        let Some(first) = tasks.next() else {
+            return Vec::new();
+        };
+        if tasks.len() == 0 {
+            // No scope to set up for one task.
+            run(first, &out);
+            return out
+                .into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        self.pool.in_place_scope(|scope| {
             for task in tasks {
-                let out = &out;
+                let (out, run) = (&out, &run);
                 scope.spawn(move |_| {
                     #[cfg(test)]
                     lock(&self.worker_threads).insert(std::thread::current().id());
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task)).ok();
-                    lock(out).push(r);
+                    run(task, out);
                 });
             }
+            run(first, &out);
         });
         out.into_inner()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -57,8 +57,10 @@ fn reads_at_once_share_the_engines_threads_and_lanes() {
     let f = TempFile::new("lanes", 4 << 20, 14);
     let src = Source::open(&f.path).expect("open");
     let e = engine(3, 128 << 10, PageCache::Direct);
-    // Five callers at once, each with reads of 3 workers: they queue on the 3 threads, and a
-    // worker takes its lane (pinned staging, for CUDA) only when it runs.
+    // Five callers at once, each with reads of 3 workers: each caller runs one of its workers
+    // itself and queues the others on the 3 threads, and a worker takes its lane (pinned
+    // staging, for CUDA) only when it runs: at most one lane per thread, the engine's 3 and
+    // the callers' 5.
     std::thread::scope(|s| {
         for c in 0..5u64 {
             let (e, f, src) = (&e, &f, &src);
@@ -70,7 +72,7 @@ fn reads_at_once_share_the_engines_threads_and_lanes() {
         }
     });
     let lanes = lock(&e.lanes).len();
-    assert!((1..=3).contains(&lanes), "{lanes} lanes for 3 threads");
+    assert!((1..=8).contains(&lanes), "{lanes} lanes for 3 + 5 threads");
     // And one read's workers run at once (a lock held across a worker would serialise them:
     // it once did, and reads ran at one thread's speed): reads that take 30 ms each overlap.
     let mut input = Faulty::new(&src);

@@ -1,0 +1,261 @@
+# SPDX-License-Identifier: GPL-2.0 OR MIT
+"""File.pread / File.pwrite futures and read_batch / write_batch, on host memory: bytes compared
+with the file's (destinations poisoned first), many requests in flight from one thread and from
+many, awaiting, callbacks, timeouts, the memory held by the future, and the errors of bad
+requests, raised at the call or by get()."""
+
+import asyncio
+import errno
+import gc
+import os
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+import gdirect
+
+SIZE = 8 * 1024 * 1024 + 777
+POISON = 0x5A
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("futures") / "data.bin"
+    data = np.random.default_rng(11).integers(0, 256, SIZE, dtype=np.uint8).tobytes()
+    path.write_bytes(data)
+    return str(path), data
+
+
+def poisoned(n):
+    return bytearray([POISON]) * n
+
+
+def test_pread_gets_the_bytes_and_their_count(data_file):
+    path, data = data_file
+    f = gdirect.File(path)
+    dest = poisoned(100000)
+    fut = f.pread(dest, 65536, 12345, 100)
+    assert isinstance(fut, gdirect.Future)
+    assert fut.get() == 65536
+    assert fut.done() and fut.get() == 65536  # a second get gives the same
+    assert bytes(dest[100:65636]) == data[12345 : 12345 + 65536]
+    assert set(dest[:100]) == {POISON} and set(dest[65636:]) == {POISON}
+
+
+def test_pread_defaults_to_the_rest_of_the_buffer_and_is_short_at_the_end(data_file):
+    path, data = data_file
+    f = gdirect.File(path)
+    dest = np.full(5000, POISON, dtype=np.uint8)
+    assert f.pread(dest, file_offset=SIZE - 3000).get() == 3000
+    assert dest[:3000].tobytes() == data[-3000:] and set(dest[3000:].tolist()) == {POISON}
+    assert f.pread(dest, file_offset=SIZE + 10).get() == 0
+
+
+def test_many_preads_in_flight_from_one_thread(data_file):
+    path, data = data_file
+    f = gdirect.File(path)
+    block = 64 * 1024
+    rng = np.random.default_rng(5)
+    offsets = rng.integers(0, SIZE - block, 256)
+    slots = poisoned(block * len(offsets))
+    futs = [f.pread(slots, block, int(o), i * block) for i, o in enumerate(offsets)]
+    assert [fut.get() for fut in futs] == [block] * len(offsets)
+    for i, o in enumerate(offsets):
+        assert slots[i * block : (i + 1) * block] == data[o : o + block], i
+
+
+def test_preads_from_many_threads_at_once(data_file):
+    path, data = data_file
+    f = gdirect.File(path)
+    block, per_thread, threads = 4096 * 3, 64, 16
+    bad = []
+
+    def run(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(per_thread):
+            o = int(rng.integers(0, SIZE - block))
+            dest = poisoned(block)
+            if f.pread(dest, block, o).get() != block or dest != data[o : o + block]:
+                bad.append((seed, o))
+
+    ts = [threading.Thread(target=run, args=(s,)) for s in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert bad == []
+
+
+def test_pwrite_writes_in_place_and_reads_back(tmp_path):
+    path = tmp_path / "w.bin"
+    before = np.random.default_rng(2).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+    path.write_bytes(before)
+    want = bytearray(before)
+    f = gdirect.File(path, "r+")
+    futs = []
+    srcs = []
+    for i in range(32):
+        src = np.random.default_rng(100 + i).integers(0, 256, 8192, dtype=np.uint8)
+        at = i * 30000 + 7
+        futs.append(f.pwrite(src, 8000, at, 100))
+        srcs.append(src)
+        want[at : at + 8000] = src[100:8100].tobytes()
+    assert [fut.get() for fut in futs] == [8000] * 32
+    assert path.read_bytes() == bytes(want)
+    # A write past the end extends the file; bytes (read-only) are a source too.
+    assert f.pwrite(b"tail", file_offset=(1 << 20) + 10).get() == 4
+    assert path.read_bytes()[-14:] == b"\0" * 10 + b"tail"
+
+
+def test_read_batch_mixes_files_offsets_and_sizes(data_file, tmp_path):
+    path, data = data_file
+    other = tmp_path / "other.bin"
+    odata = os.urandom(300000)
+    other.write_bytes(odata)
+    f, g = gdirect.File(path), gdirect.File(other)
+    dest = poisoned(1 << 20)
+    arr = np.full(1000, POISON, dtype=np.uint8)
+    reqs = [
+        (f, 0, dest, 0, 4096),
+        (g, 1234, dest, 4096, 100000),
+        (f, SIZE - 10, dest, 200000, 500),  # short: 10 bytes
+        (g, 0, arr, 0, None),  # the whole array
+        (f, 5, dest, 300000, 0),  # empty
+    ]
+    fut = gdirect.read_batch(reqs)
+    assert fut.get() == [4096, 100000, 10, 1000, 0]
+    assert dest[:4096] == data[:4096]
+    assert dest[4096:104096] == odata[1234:101234]
+    assert dest[200000:200010] == data[-10:]
+    assert set(dest[200010:200500]) == {POISON}
+    assert arr.tobytes() == odata[:1000]
+
+
+def test_a_batch_of_thousands_of_small_blocks(data_file):
+    path, data = data_file
+    f = gdirect.File(path)
+    block, n = 4096, 2000
+    rng = np.random.default_rng(9)
+    offsets = [int(o) for o in rng.integers(0, SIZE - block, n)]
+    slots = poisoned(block * n)
+    got = gdirect.read_batch((f, o, slots, i * block, block) for i, o in enumerate(offsets)).get()
+    assert got == [block] * n
+    for i, o in enumerate(offsets):
+        assert slots[i * block : (i + 1) * block] == data[o : o + block], i
+
+
+def test_write_batch_then_read_batch_round_trip(tmp_path):
+    path = tmp_path / "kv.bin"
+    f = gdirect.File(path, "w")
+    blocks = [np.random.default_rng(i).integers(0, 256, 65536, dtype=np.uint8) for i in range(24)]
+    order = np.random.default_rng(1).permutation(24)
+    w = gdirect.write_batch((f, int(slot) * 65536, b, 0, None) for slot, b in zip(order, blocks))
+    assert w.get() == [65536] * 24
+    back = np.full((24, 65536), POISON, dtype=np.uint8)
+    r = gdirect.read_batch((f, int(slot) * 65536, back[i], 0, None) for i, slot in enumerate(order))
+    assert r.get() == [65536] * 24
+    for i in range(24):
+        assert back[i].tobytes() == blocks[i].tobytes(), i
+
+
+def test_await_and_done_callbacks(data_file):
+    path, data = data_file
+    f = gdirect.File(path)
+    dests = [poisoned(1 << 20) for _ in range(8)]
+
+    async def main():
+        futs = [f.pread(d, file_offset=i * 4096) for i, d in enumerate(dests)]
+        return await asyncio.gather(*futs)
+
+    assert asyncio.run(main()) == [1 << 20] * 8
+    for i, d in enumerate(dests):
+        assert d == data[i * 4096 : i * 4096 + (1 << 20)]
+    seen = []
+    done = threading.Event()
+    fut = f.pread(poisoned(4096))
+    fut.add_done_callback(lambda x: (seen.append(x.get()), done.set()))
+    assert done.wait(10) and seen == [4096]
+    fut.add_done_callback(lambda x: seen.append("late"))  # already done: called at once
+    assert seen == [4096, "late"]
+
+
+def test_get_with_a_timeout(tmp_path):
+    # A timeout of 0 on a large read asks before it can end (or after: either answer is
+    # checked).
+    path = tmp_path / "big.bin"
+    path.write_bytes(os.urandom(1 << 20) * 64)
+    fut = gdirect.File(path).pread(bytearray(64 << 20))
+    try:
+        assert fut.get(timeout=0) == 64 << 20 and fut.done()
+    except TimeoutError:
+        assert "running" in repr(fut)  # still running: the timeout said so
+    assert fut.get(timeout=60) == 64 << 20
+    assert "done" in repr(fut)
+    with pytest.raises(ValueError):
+        fut.get(timeout=float("nan"))
+
+
+def test_the_future_holds_its_memory(data_file):
+    path, data = data_file
+
+    class Buf(bytearray):
+        pass
+
+    dest = Buf(poisoned(4 << 20))
+    ref = weakref.ref(dest)
+    fut = gdirect.File(path).pread(dest)
+    del dest
+    gc.collect()
+    assert ref() is not None  # the future keeps it while it may be written
+    assert fut.get() == 4 << 20
+    assert bytes(ref()) == data[: 4 << 20]
+    del fut
+    gc.collect()
+    assert ref() is None
+    # Dropped before it ends, a future waits for its read: the buffer is never written freed.
+    for _ in range(20):
+        gdirect.File(path).pread(bytearray(2 << 20))
+
+
+def test_bad_arguments_raise_at_the_call(data_file):
+    path, _ = data_file
+    f = gdirect.File(path)
+    with pytest.raises(ValueError, match="do not fit"):
+        f.pread(bytearray(10), 11)
+    with pytest.raises(ValueError, match="past the"):
+        f.pread(bytearray(10), None, 0, 11)
+    with pytest.raises(ValueError, match="read-only"):
+        f.pread(b"read-only")
+    with pytest.raises(ValueError, match="must not be negative"):
+        f.pread(bytearray(10), file_offset=-1)
+    with pytest.raises(OSError) as e:
+        f.pwrite(b"x")
+    assert e.value.errno == errno.EBADF
+    d = bytearray(100)
+    with pytest.raises(ValueError, match="overlap"):
+        gdirect.read_batch([(f, 0, d, 0, 50), (f, 0, d, 49, 10)])
+    with pytest.raises(TypeError, match="request 1"):
+        gdirect.read_batch([(f, 0, d, 0, 10), (f, 0, d)])
+    with pytest.raises(TypeError, match="not a gdirect.File"):
+        gdirect.read_batch([(path, 0, d, 0, 10)])
+    with pytest.raises(OSError) as e:
+        gdirect.write_batch([(f, 0, b"abc", 0, None)])
+    assert e.value.errno == errno.EBADF
+
+
+def test_errors_of_the_io_are_raised_by_get(tmp_path):
+    path = tmp_path / "w.bin"
+    f = gdirect.File(path, "w")
+    fut = f.pwrite(b"x" * 4096, file_offset=(1 << 63) - 100)
+    with pytest.raises(OSError) as e:
+        fut.get()
+    assert e.value.errno == errno.EFBIG
+    with pytest.raises(OSError):  # raised again
+        fut.get()
+    assert "failed" in repr(fut)
+    batch = gdirect.write_batch([(f, 0, b"ok", 0, None), (f, (1 << 63) - 1, b"xx", 0, None)])
+    with pytest.raises(OSError) as e:
+        batch.get()
+    assert e.value.errno == errno.EFBIG
