@@ -57,6 +57,9 @@ struct Overrides {
     threads: Option<usize>,
     task_size: Option<u64>,
     page_cache: Option<PageCache>,
+    staging_size: Option<u64>,
+    keep_mapped: Option<u64>,
+    max_piece: Option<u64>,
 }
 
 impl Overrides {
@@ -70,6 +73,15 @@ impl Overrides {
         }
         if let Some(p) = self.page_cache {
             b = b.page_cache(p);
+        }
+        if let Some(n) = self.staging_size {
+            b = b.staging_size(n);
+        }
+        if let Some(n) = self.keep_mapped {
+            b = b.keep_mapped(n);
+        }
+        if let Some(n) = self.max_piece {
+            b = b.max_piece(n);
         }
         b
     }
@@ -1074,11 +1086,17 @@ fn submit(
 /// Sets the engines' settings (`None` keeps the environment's or the default); engines made
 /// before are dropped, the next read makes new ones.
 #[pyfunction]
-#[pyo3(signature = (threads=None, task_size=None, page_cache=None))]
+#[pyo3(signature = (
+    threads=None, task_size=None, page_cache=None, staging_size=None, keep_mapped=None,
+    max_piece=None
+))]
 fn configure(
     threads: Option<usize>,
     task_size: Option<u64>,
     page_cache: Option<&str>,
+    staging_size: Option<u64>,
+    keep_mapped: Option<u64>,
+    max_piece: Option<u64>,
 ) -> PyResult<()> {
     let page_cache = page_cache
         .map(|p| {
@@ -1093,6 +1111,9 @@ fn configure(
         threads,
         task_size,
         page_cache,
+        staging_size,
+        keep_mapped,
+        max_piece,
     };
     // Checked now, so that a bad value is an error of this call, not of a later read.
     overrides.builder().settings().map_err(py_err)?;
@@ -1115,6 +1136,23 @@ fn settings(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("threads", s.threads)?;
     d.set_item("task_size", s.task_size)?;
     d.set_item("page_cache", s.page_cache.name())?;
+    d.set_item("staging_size", s.staging_size)?;
+    d.set_item("keep_mapped", s.keep_mapped)?;
+    d.set_item("max_piece", s.max_piece)?;
+    Ok(d)
+}
+
+/// What this process's engines have read so far (every engine, host and GPU).
+#[pyfunction]
+fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let s = gdirect::compat::stats();
+    let d = PyDict::new(py);
+    d.set_item("reads", s.reads)?;
+    d.set_item("errors", s.errors)?;
+    d.set_item("bytes", s.bytes)?;
+    d.set_item("direct_bytes", s.direct_bytes)?;
+    d.set_item("buffered_bytes", s.buffered_bytes)?;
+    d.set_item("mapped_bytes", s.mapped_bytes)?;
     Ok(d)
 }
 
@@ -1126,6 +1164,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(read_many, m)?)?;
     m.add_function(wrap_pyfunction!(settings, m)?)?;
+    m.add_function(wrap_pyfunction!(stats, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

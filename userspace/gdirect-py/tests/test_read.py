@@ -42,7 +42,8 @@ def test_every_page_cache_mode_is_exact(data_file, mode):
     path, data = data_file
     gdirect.configure(threads=3, task_size=256 * 1024, page_cache=mode)
     try:
-        assert gdirect.settings() == {"threads": 3, "task_size": 256 * 1024, "page_cache": mode}
+        s = gdirect.settings()
+        assert (s["threads"], s["task_size"], s["page_cache"]) == (3, 256 * 1024, mode)
         dest = poisoned(SIZE - 4096)
         r = gdirect.File(path).read(dest, file_offset=4096)
         assert r.bytes == SIZE - 4096 and bytes(dest) == data[4096:]

@@ -29,7 +29,7 @@ from . import _native
 
 __version__ = _native.__version__
 __all__ = [
-    "File", "Future", "Report", "configure", "read_batch", "settings", "safetensors",
+    "File", "Future", "Report", "configure", "read_batch", "settings", "safetensors", "stats",
     "write_batch",
 ]
 
@@ -324,11 +324,29 @@ class File:
     _pool_lock = threading.Lock()
 
     def __init__(self, path: "os.PathLike[str] | str", mode: str = "r"):
-        self._f = _native.File(os.fspath(path), mode)
+        self._path = os.fspath(path)
+        self._f: Any = _native.File(self._path, mode)
 
     @property
     def path(self) -> str:
-        return str(self._f.path)
+        return str(self._path)
+
+    @property
+    def closed(self) -> bool:
+        return isinstance(self._f, _ClosedFile)
+
+    def close(self) -> None:
+        """Closes the file: later calls raise ``ValueError``. Requests started before (futures
+        not done yet) finish first: each holds the open file until it ends. Closing twice does
+        nothing."""
+        if not self.closed:
+            self._f = _ClosedFile(self._path)
+
+    def __enter__(self) -> "File":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     @property
     def size(self) -> int:
@@ -447,18 +465,44 @@ class File:
         dest_offset: int = 0,
         size: Optional[int] = None,
     ) -> "concurrent.futures.Future[Report]":
-        """``read`` on a worker thread: a future of its report (the read releases the GIL).
-        ``dest`` must stay alive and untouched until the future is done."""
+        """``read`` on a worker thread (one of 4 the package keeps): a future of its report (the
+        read releases the GIL). ``dest`` must stay alive and untouched until the future is
+        done. For many requests at once, ``pread`` and ``read_batch`` cost less."""
+        return File._submit(self.read, dest, file_offset, dest_offset, size)
+
+    @staticmethod
+    def _submit(call: Any, *args: Any) -> "concurrent.futures.Future[Report]":
         with File._pool_lock:
             if File._pool is None:
                 File._pool = concurrent.futures.ThreadPoolExecutor(
                     max_workers=4, thread_name_prefix="gdirect"
                 )
             pool = File._pool
-        return pool.submit(self.read, dest, file_offset, dest_offset, size)
+        return pool.submit(call, *args)
+
+    def write_async(
+        self,
+        src: Any,
+        file_offset: int = 0,
+        src_offset: int = 0,
+        size: Optional[int] = None,
+    ) -> "concurrent.futures.Future[Report]":
+        """``write`` on a worker thread: a future of its report, as ``read_async`` is. ``src``
+        must stay alive and unchanged until the future is done."""
+        return File._submit(self.write, src, file_offset, src_offset, size)
 
     def __repr__(self) -> str:
-        return f"gdirect.File({self.path!r})"
+        return f"gdirect.File({self.path!r}{', closed' if self.closed else ''})"
+
+
+class _ClosedFile:
+    """What a closed ``File`` calls: every use raises ``ValueError``, as Python's files do."""
+
+    def __init__(self, path: str):
+        self._path = path
+
+    def __getattr__(self, name: str) -> Any:
+        raise ValueError(f"I/O operation on closed file {self._path!r}")
 
 
 Request = Tuple[File, int, Any, int, Optional[int]]
@@ -476,6 +520,8 @@ def _batch(requests: Iterable[Request], read: bool) -> Future:
             ) from None
         if not isinstance(file, File):
             raise TypeError(f"request {n}: {type(file).__name__} is not a gdirect.File")
+        if file.closed:
+            raise ValueError(f"request {n}: I/O operation on closed file {file.path!r}")
         t = _target(mem, writable=read)
         mem_offset = _index(name, mem_offset)
         size = _span(t, mem_offset, size, name, role)
@@ -506,18 +552,38 @@ def configure(
     threads: Optional[int] = None,
     task_size: Optional[int] = None,
     page_cache: Optional[str] = None,
+    staging_size: Optional[int] = None,
+    keep_mapped: Optional[int] = None,
+    max_piece: Optional[int] = None,
 ) -> None:
-    """Sets the engine's settings for the reads that follow, over the environment's
-    (``GDIRECT_THREADS``, ``GDIRECT_TASK_SIZE``, ``GDIRECT_PAGE_CACHE``): worker threads, bytes
-    per I/O (a multiple of 4 KiB), and the page-cache policy (``auto``, ``direct``,
-    ``buffered``, ``mapped``). ``None`` keeps the environment's value or the default; a value
-    that cannot be used raises ``ValueError``."""
-    _native.configure(threads, task_size, page_cache)
+    """Sets the engine's settings for the reads and writes that follow, over the environment's
+    (``GDIRECT_THREADS``, ``GDIRECT_TASK_SIZE``, ``GDIRECT_PAGE_CACHE``,
+    ``GDIRECT_STAGING_SIZE``, ``GDIRECT_KEEP_MAPPED``): worker threads, bytes per I/O (a
+    multiple of 4 KiB), the page-cache policy (``auto``, ``direct``, ``buffered``, ``mapped``),
+    pinned staging bytes per worker (default: twice the task size given here, else the
+    environment's), bytes of page-cache registrations kept between reads (``mapped``), and the
+    largest piece a worker claims at once. ``None`` keeps the environment's value or the
+    default; a value that cannot be used raises ``ValueError``. (The Rust library's
+    ``direct_threshold`` and ``latencies`` do not apply here: the package does not use the
+    module yet, and its reports carry no per-I/O latencies.)"""
+    sizes = {"threads": threads, "task_size": task_size, "staging_size": staging_size,
+             "keep_mapped": keep_mapped, "max_piece": max_piece}
+    n = {k: None if v is None else _index(k, v) for k, v in sizes.items()}
+    _native.configure(n["threads"], n["task_size"], page_cache, n["staging_size"],
+                      n["keep_mapped"], n["max_piece"])
 
 
 def settings() -> dict:
-    """The settings the next read uses."""
+    """The settings the next read uses: every one ``configure`` takes."""
     return dict(_native.settings())
+
+
+def stats() -> dict:
+    """What this process's engines have read so far, all engines together: ``reads`` (calls),
+    ``errors`` (calls that failed), ``bytes``, and of them ``direct_bytes`` (``O_DIRECT``),
+    ``buffered_bytes`` (through the page cache) and ``mapped_bytes`` (copied by the GPU from the
+    registered page cache)."""
+    return dict(_native.stats())
 
 
 from . import safetensors  # noqa: E402  (needs File above)

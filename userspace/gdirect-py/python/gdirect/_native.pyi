@@ -25,9 +25,15 @@ class File:
     def pwrite(self, cuda: bool, ptr: int, len: int, file_offset: int, keep: Any) -> Future: ...
 
 def configure(
-    threads: Optional[int] = None, task_size: Optional[int] = None, page_cache: Optional[str] = None
+    threads: Optional[int] = None,
+    task_size: Optional[int] = None,
+    page_cache: Optional[str] = None,
+    staging_size: Optional[int] = None,
+    keep_mapped: Optional[int] = None,
+    max_piece: Optional[int] = None,
 ) -> None: ...
 def settings() -> Dict[str, Any]: ...
+def stats() -> Dict[str, int]: ...
 def read_many(
     reads: list[tuple[File, int, int, int]], cuda: bool
 ) -> tuple[Dict[str, Any], list[tuple[int, bool]]]: ...
