@@ -8,7 +8,8 @@ request in flight per thread (submit, then wait), between random file offsets (m
 4 KiB) and its own slots of one CuPy buffer on GPU 0. Methods:
 
   gdirect-pread   gdirect.File.pread(...).get()  (futures, served by the engine's threads)
-  gdirect-batch   gdirect.read_batch / write_batch of --batch requests, then get()
+  gdirect-batch   gdirect.read_batch / write_batch of --batch requests (the buffer and each
+                  slot's offset), then get()
   gdirect-read    gdirect.File.read / write      (the synchronous call)
   kvikio          kvikio.CuFile.pread(...).get() / pwrite (its futures)
 
@@ -99,7 +100,8 @@ def main():
             for i in range(0, len(reqs), a.batch):
                 part = reqs[i:i + a.batch]
                 t0 = t()
-                got = batch([(h, off, views[slot], 0, block) for slot, off in part]).get()
+                # The buffer and each slot's offset in it, as a batch is meant to be called.
+                got = batch([(h, off, buf, slot * block, block) for slot, off in part]).get()
                 lat.append((t() - t0) / len(part))
                 if got != [block] * len(part):
                     raise SystemExit(f"a batch moved {got}")

@@ -174,6 +174,11 @@ fn run_reported<'py>(
 /// The GPU of `len` bytes of device memory at `ptr`, checked to lie in one allocation the
 /// CUDA driver knows: a range past the allocation's end is refused, not written.
 fn device_range(ptr: u64, len: u64) -> PyResult<usize> {
+    device_allocation(ptr, len).map(|a| a.ordinal)
+}
+
+/// The CUDA allocation that holds all of `len` bytes at `ptr` (checked as `device_range`).
+fn device_allocation(ptr: u64, len: u64) -> PyResult<DeviceAllocation> {
     let alloc = DeviceAllocation::of(ptr).map_err(|e| PyValueError::new_err(e.to_string()))?;
     if ptr
         .checked_add(len)
@@ -184,7 +189,7 @@ fn device_range(ptr: u64, len: u64) -> PyResult<usize> {
             alloc.start, alloc.size
         )));
     }
-    Ok(alloc.ordinal)
+    Ok(alloc)
 }
 
 /// A file opened for reading, and for writing in mode `r+` or `w` (kept open: open once, read
@@ -596,6 +601,8 @@ struct PendingState {
     error: Option<Error>,
     /// Called (with the GIL) when the last part ends: `add_done_callback`'s.
     callbacks: Vec<(Py<PyAny>, Py<Future>)>,
+    /// Threads asleep in `wait` (no wake-up, a system call, is sent when there are none).
+    waiters: usize,
 }
 
 impl Pending {
@@ -606,6 +613,7 @@ impl Pending {
                 bytes: vec![0; requests],
                 error: None,
                 callbacks: Vec::new(),
+                waiters: 0,
             }),
             ready: Condvar::new(),
             queued: Mutex::new(Vec::new()),
@@ -656,7 +664,9 @@ impl Pending {
                 return;
             }
             self.done.store(true, std::sync::atomic::Ordering::Release);
-            self.ready.notify_all();
+            if st.waiters > 0 {
+                self.ready.notify_all();
+            }
             std::mem::take(&mut st.callbacks)
         };
         if !callbacks.is_empty() {
@@ -678,13 +688,14 @@ impl Pending {
     fn wait(&self, timeout: Option<Duration>) -> bool {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut st = lock(&self.state);
+        st.waiters += 1;
         while st.left > 0 {
             st = match deadline {
                 None => self.ready.wait(st).unwrap_or_else(|p| p.into_inner()),
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
-                        return false;
+                        break;
                     }
                     self.ready
                         .wait_timeout(st, d - now)
@@ -693,7 +704,8 @@ impl Pending {
                 }
             };
         }
-        true
+        st.waiters -= 1;
+        st.left == 0
     }
 }
 
@@ -1052,13 +1064,28 @@ fn submit(
 ) -> PyResult<Future> {
     let mut reqs = Vec::with_capacity(requests.len());
     let mut waited = Vec::new();
+    // The CUDA allocations found so far: slots of one buffer ask the driver once. (They stay
+    // allocated for the call: `keep` holds their owners.)
+    let mut allocs: Vec<DeviceAllocation> = Vec::new();
     for (file, file_offset, cuda, ptr, len, stream) in requests {
         let f = file.get();
         let sink = if read { None } else { Some(f.sink()?.clone()) };
-        let place = if len == 0 {
-            Place::Host
-        } else {
-            Place::of(cuda, ptr, len)?
+        let known = allocs.iter().find(|a| {
+            ptr >= a.start
+                && ptr
+                    .checked_add(len)
+                    .is_some_and(|end| end <= a.start + a.size)
+        });
+        let place = match known {
+            _ if len == 0 => Place::Host,
+            Some(a) if cuda => Place::Cuda(a.ordinal),
+            _ if cuda => {
+                let a = device_allocation(ptr, len)?;
+                let place = Place::Cuda(a.ordinal);
+                allocs.push(a);
+                place
+            }
+            _ => Place::of(false, ptr, len)?,
         };
         // Each stream waited for once.
         let settled = match stream {

@@ -509,8 +509,11 @@ Request = Tuple[File, int, Any, int, Optional[int]]
 
 
 def _batch(requests: Iterable[Request], read: bool) -> Future:
-    role, name = ("destination", "memory_offset") if read else ("source", "memory_offset")
+    role = "destination" if read else "source"
     native, keep = [], []
+    # Each memory object looked at once per batch (slots of one buffer are the common case);
+    # holding its target keeps it alive, so its id is not reused within the call.
+    seen: dict = {}
     for n, req in enumerate(requests):
         try:
             file, file_offset, mem, mem_offset, size = req
@@ -520,14 +523,21 @@ def _batch(requests: Iterable[Request], read: bool) -> Future:
             ) from None
         if not isinstance(file, File):
             raise TypeError(f"request {n}: {type(file).__name__} is not a gdirect.File")
-        if file.closed:
+        f = file._f
+        if type(f) is not _native.File:
             raise ValueError(f"request {n}: I/O operation on closed file {file.path!r}")
-        t = _target(mem, writable=read)
-        mem_offset = _index(name, mem_offset)
-        size = _span(t, mem_offset, size, name, role)
-        native.append((file._f, _index("file_offset", file_offset), t.kind == "cuda",
-                       t.ptr + mem_offset, size, t.stream))
-        keep.append(t.keep)
+        t = seen.get(id(mem))
+        if t is None:
+            t = seen[id(mem)] = _target(mem, writable=read)
+            keep.append(t.keep)
+        # (Plain ints checked inline: this runs once per request, with the GIL held.)
+        if type(file_offset) is not int or file_offset < 0:
+            file_offset = _index("file_offset", file_offset)
+        if (type(mem_offset) is not int or type(size) is not int or mem_offset < 0 or size < 0
+                or mem_offset + size > t.nbytes):
+            mem_offset = _index("memory_offset", mem_offset)
+            size = _span(t, mem_offset, size, "memory_offset", role)
+        native.append((f, file_offset, t.kind == "cuda", t.ptr + mem_offset, size, t.stream))
     return _native.submit(read, native, keep)
 
 
