@@ -30,7 +30,10 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from . import File, _native, _target
 
-__all__ = ["SafetensorsError", "TensorInfo", "load", "open", "read_header", "metadata"]
+__all__ = [
+    "SafetensorsError", "SaveReport", "TensorInfo", "load", "metadata", "open", "read_header",
+    "save",
+]
 
 # dtype: bits per element, every dtype safetensors (0.8) accepts. F4 and F6 pack elements
 # below a byte; a tensor's bits must fill whole bytes.
@@ -607,3 +610,302 @@ class open:  # noqa: N801  (named like safetensors.safe_open's role)
             if r.bytes != n:
                 raise _bad(self._header.path, f"truncated: {r.bytes} of {n} bytes of {name!r}")
         return self._backend.view(self._header.path, blob, TensorInfo(t.name, t.dtype, t.shape, 0, n))
+
+
+# --- saving ----------------------------------------------------------------------------------
+
+# Each dtype's rank in safetensors' own order of dtypes (its `Dtype` enum, the order of
+# DTYPE_BITS above): a file's tensors are laid out by that rank, highest first, then by name,
+# as safetensors lays them out, so that every tensor starts aligned to its element size and the
+# file is the one safetensors would write.
+_RANK = {d: i for i, d in enumerate(DTYPE_BITS)}
+_FROM_TORCH = {v: k for k, v in _TORCH.items()}
+_FROM_NUMPY = {**{v: k for k, v in _NUMPY.items()}, **{v: k for k, v in _ML_DTYPES.items()}}
+
+
+@dataclass(frozen=True)
+class SaveReport:
+    """What ``save`` wrote: the files (each shard, then the index, if any), the tensors and
+    their bytes, the seconds it took, and whether the files were synced to the device
+    (``fsync``)."""
+
+    files: List[str]
+    tensors: int
+    bytes: int
+    seconds: float
+    fsync: bool
+
+
+@dataclass
+class _Out:
+    """One tensor to write: its header entry and the memory its bytes are in (contiguous)."""
+
+    name: str
+    dtype: str
+    shape: List[int]
+    memory: Any
+    nbytes: int
+
+
+def _is_torch(t: Any) -> bool:
+    return all(hasattr(t, a) for a in ("data_ptr", "element_size", "untyped_storage", "is_contiguous"))
+
+
+def _extent(ptr: int, shape: Any, strides_bytes: Any, itemsize: int, nbytes: int) -> Tuple[int, int]:
+    """The bytes ``[lo, hi)`` a strided array's elements span."""
+    if nbytes == 0:
+        return ptr, ptr
+    lo = hi = ptr
+    for dim, st in zip(shape, strides_bytes):
+        if dim > 1:
+            if st < 0:
+                lo += (dim - 1) * st
+            else:
+                hi += (dim - 1) * st
+    return lo, hi + itemsize
+
+
+def _prepare(name: Any, t: Any) -> Tuple[_Out, Tuple[str, int, int]]:
+    """The tensor ``t`` as written (its contiguous values), and the bytes its memory spans now
+    (device, from, to), for the shared-memory check."""
+    if not isinstance(name, str):
+        raise ValueError(f"tensor name {name!r} is not a str")
+    if name == "__metadata__":
+        raise ValueError("'__metadata__' is the header's metadata key, not a tensor name")
+    if _is_torch(t):
+        if getattr(t, "layout", None) is not None and str(t.layout) != "torch.strided":
+            raise ValueError(f"tensor {name!r} is {t.layout}: only strided (dense) tensors can be saved")
+        tname = str(t.dtype).replace("torch.", "")
+        dtype = _FROM_TORCH.get(tname)
+        if dtype is None:
+            raise ValueError(f"tensor {name!r}: safetensors has no dtype for torch.{tname}")
+        shape = list(t.shape)
+        if dtype == "F4":  # two elements a byte: the file counts elements
+            shape[-1] *= 2
+        item = t.element_size()
+        span = _extent(t.data_ptr(), t.shape, [s * item for s in t.stride()], item,
+                       t.numel() * item)
+        device = str(t.device)
+        t = t.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        return _Out(name, dtype, shape, t, t.numel() * item), (device, *span)
+    dt = getattr(t, "dtype", None)
+    if dt is None or not hasattr(t, "shape") or not hasattr(t, "strides"):
+        raise TypeError(f"tensor {name!r}: a {type(t).__name__}, not a torch, NumPy or CuPy array")
+    dtype = _FROM_NUMPY.get(getattr(dt, "name", str(dt)))
+    if dtype is None:
+        raise ValueError(f"tensor {name!r}: safetensors has no dtype for {dt}")
+    gpu = hasattr(t, "__cuda_array_interface__")
+    ptr = t.__cuda_array_interface__["data"][0] if gpu else t.__array_interface__["data"][0]
+    span = _extent(ptr, t.shape, t.strides, t.itemsize, t.nbytes)
+    device = f"cuda:{t.device.id}" if gpu else "cpu"
+    if not t.flags.c_contiguous:
+        if gpu:
+            import cupy
+
+            t = cupy.ascontiguousarray(t)
+        else:
+            import numpy
+
+            t = numpy.ascontiguousarray(t)
+    return _Out(name, dtype, list(t.shape), t, int(t.nbytes)), (device, *span)
+
+
+def _shared(spans: Dict[str, Tuple[str, int, int]]) -> List[List[str]]:
+    """Groups of tensors whose memory overlaps (safetensors.torch refuses to save them)."""
+    groups: List[List[str]] = []
+    by = sorted((s for s in spans.items() if s[1][1] < s[1][2]), key=lambda s: (s[1][0], s[1][1]))
+    end, dev = -1, None
+    for name, (d, lo, hi) in by:
+        if d == dev and lo < end:
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+        end = max(end, hi) if d == dev else hi
+        dev = d
+    return [g for g in groups if len(g) > 1]
+
+
+def _header(outs: List[_Out], metadata: Optional[Dict[str, str]]) -> Tuple[bytes, List[int]]:
+    """The header's bytes (with its length first, padded with spaces to 8 bytes) and each
+    tensor's offset in the data section, the tensors in safetensors' order."""
+    head: Dict[str, Any] = {}
+    if metadata is not None:
+        head["__metadata__"] = metadata
+    offsets, at = [], 0
+    for o in outs:
+        head[o.name] = {"dtype": o.dtype, "shape": o.shape, "data_offsets": [at, at + o.nbytes]}
+        offsets.append(at)
+        at += o.nbytes
+    text = json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text, offsets
+
+
+def _write_file(path: str, outs: List[_Out], metadata: Optional[Dict[str, str]], fsync: bool) -> int:
+    """Writes one file under a temporary name beside ``path`` and renames it: a crash or an
+    error leaves the old file (or none), never a half one. Returns the bytes of data."""
+    from . import write_batch
+
+    head, offsets = _header(outs, metadata)
+    d = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        with File(tmp, "w") as f:
+            f.write(head)
+            requests = [(f, len(head) + off, o.memory, 0, o.nbytes)
+                        for o, off in zip(outs, offsets) if o.nbytes]
+            got = write_batch(requests).get()
+            if got != [r[4] for r in requests]:
+                raise OSError(f"{tmp}: short writes {got}")
+        if fsync:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if fsync:
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return sum(o.nbytes for o in outs)
+
+
+def _size(s: Union[int, str]) -> int:
+    """A shard size: bytes, or a string as Hugging Face takes it (``"5GB"``: 5 * 10**9,
+    ``"5GiB"``: 5 * 2**30, ``"500MB"``, ``"100KB"``)."""
+    if isinstance(s, int) and not isinstance(s, bool):
+        if s <= 0:
+            raise ValueError(f"max_shard_size {s}: must be positive")
+        return s
+    if isinstance(s, str):
+        u = s.strip().upper()
+        for suffix, mult in (("GIB", 2**30), ("MIB", 2**20), ("KIB", 2**10), ("GB", 10**9),
+                             ("MB", 10**6), ("KB", 10**3), ("B", 1)):
+            if u.endswith(suffix):
+                try:
+                    n = float(u[: -len(suffix)])
+                except ValueError:
+                    break
+                if n > 0:
+                    return int(n * mult)
+                break
+    raise ValueError(f"max_shard_size {s!r}: expected bytes or a size such as '5GB' or '500MiB'")
+
+
+def save(
+    tensors: Dict[str, Any],
+    path: "os.PathLike[str] | str",
+    metadata: Optional[Dict[str, str]] = None,
+    *,
+    max_shard_size: Union[None, int, str] = None,
+    fsync: bool = False,
+) -> SaveReport:
+    """Writes ``tensors`` (a dict of names to PyTorch tensors, on any GPU or the CPU, or NumPy
+    or CuPy arrays) to the safetensors file ``path``, each tensor's bytes written straight from
+    its memory by the engine (never through a Python ``bytes``), all of them in one batch.
+
+    The file is the one ``safetensors.torch.save_file`` (or ``safetensors.numpy.save_file``)
+    writes: the same header (tensors ordered by dtype, then name; ``metadata``, a dict of
+    strings, as ``__metadata__``) and data. A non-contiguous tensor is written as its
+    contiguous values (``save_file`` refuses it); tensors whose memory overlaps are refused
+    with ``RuntimeError``, as ``save_file`` refuses them (save one and slice it at load). GPU
+    tensors are written after all the work queued on their GPU when ``save`` is called.
+
+    The file is written under a temporary name beside ``path`` and renamed over it at the end:
+    an error or a crash leaves the old file, or none, never half of one. ``fsync=True`` syncs
+    each file (and its directory) to the device before returning.
+
+    ``max_shard_size`` (bytes, or ``"5GB"``, ``"500MiB"``) cuts the tensors, in the dict's
+    order, into shards of at most that many bytes of data (a larger tensor gets a shard of its
+    own), as Hugging Face does: ``path`` is then a directory (made if needed) or the index's
+    path (``.../model.safetensors.index.json``); the shards are
+    ``model-00001-of-0000N.safetensors`` beside the index, which maps each tensor to its shard
+    (``weight_map``) and gives ``metadata.total_size``. A checkpoint that fits in one shard is
+    written as ``model.safetensors`` alone, with no index, as Hugging Face writes it.
+    ``load`` reads either form."""
+    import time
+
+    t0 = time.perf_counter()
+    if not isinstance(tensors, dict):
+        raise TypeError(f"tensors: a dict of names to tensors, not a {type(tensors).__name__}")
+    if metadata is not None:
+        if not isinstance(metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+        ):
+            raise ValueError("metadata: a dict of str to str (safetensors stores nothing else)")
+    outs, spans = [], {}
+    for name, t in tensors.items():
+        o, span = _prepare(name, t)
+        outs.append(o)
+        spans[name] = span
+    shared = _shared(spans)
+    if shared:
+        raise RuntimeError(
+            f"Some tensors share memory, which would be written twice and could load as "
+            f"different tensors: {shared}. Save one of each group (and slice it at load time), "
+            f"or .clone() the others."
+        )
+    path = os.fspath(path)
+    if max_shard_size is None:
+        outs.sort(key=lambda o: (-_RANK[o.dtype], o.name))
+        n = _write_file(path, outs, metadata, fsync)
+        return SaveReport([path], len(outs), n, time.perf_counter() - t0, fsync)
+    limit = _size(max_shard_size)
+    if path.endswith(".json"):
+        index_path = path
+        base = os.path.basename(path)
+        stem = base[: -len(".safetensors.index.json")] if base.endswith(".safetensors.index.json") \
+            else base[: -len(".json")]
+    else:
+        os.makedirs(path, exist_ok=True)
+        index_path = os.path.join(path, "model.safetensors.index.json")
+        stem = "model"
+    d = os.path.dirname(os.path.abspath(index_path))
+    shards: List[List[_Out]] = []
+    room = 0
+    for o in outs:  # the dict's order, as Hugging Face cuts a state dict
+        if not shards or (o.nbytes > room and shards[-1]):
+            shards.append([])
+            room = limit
+        shards[-1].append(o)
+        room -= o.nbytes
+    if len(shards) == 1:
+        single = os.path.join(d, f"{stem}.safetensors")
+        outs.sort(key=lambda o: (-_RANK[o.dtype], o.name))
+        n = _write_file(single, outs, metadata, fsync)
+        return SaveReport([single], len(outs), n, time.perf_counter() - t0, fsync)
+    files, weight_map, total = [], {}, 0
+    for i, shard in enumerate(shards, 1):
+        name = f"{stem}-{i:05d}-of-{len(shards):05d}.safetensors"
+        shard.sort(key=lambda o: (-_RANK[o.dtype], o.name))
+        total += _write_file(os.path.join(d, name), shard, metadata, fsync)
+        files.append(os.path.join(d, name))
+        for o in shard:
+            weight_map[o.name] = name
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    tmp = f"{index_path}.{os.getpid()}.tmp"
+    with _open_w(tmp) as f:
+        f.write(json.dumps(index, indent=2) + "\n")
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, index_path)
+    files.append(index_path)
+    return SaveReport(files, len(outs), total, time.perf_counter() - t0, fsync)
+
+
+def _open_w(path: str):
+    import builtins
+
+    return builtins.open(path, "w", encoding="utf-8")

@@ -1,0 +1,154 @@
+# SPDX-License-Identifier: GPL-2.0 OR MIT
+"""gdirect.safetensors.save against the safetensors package (0.8): the same bytes as
+safetensors.numpy.save_file for every dtype NumPy has, read back identically by
+safetensors.safe_open and by gdirect's own loader; non-contiguous arrays written as their
+values; overlapping arrays and bad names or metadata refused; a failed save leaving neither a
+half file nor its temporary; shards and their index as Hugging Face writes them."""
+
+import json
+import os
+import resource
+import signal
+
+import numpy as np
+import pytest
+import safetensors
+import safetensors.numpy
+
+from gdirect import safetensors as gst
+
+NUMPY_DTYPES = ["bool", "uint8", "int8", "int16", "uint16", "float16", "int32", "uint32",
+                "float32", "int64", "uint64", "float64", "complex64"]
+
+
+def arrays(seed=0):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i, dt in enumerate(NUMPY_DTYPES):
+        shape = (3, 5 + i) if i % 3 else (7 + i,)
+        raw = rng.integers(0, 256, int(np.prod(shape)) * np.dtype(dt).itemsize, dtype=np.uint8)
+        a = raw.view(dt).reshape(shape)
+        if dt == "bool":
+            a = raw.astype(bool).reshape(shape)
+        out[f"t.{dt}"] = a
+    out["empty"] = np.zeros((0, 4), dtype=np.float32)
+    out["scalar"] = np.array(3.5, dtype=np.float64)
+    return out
+
+
+def same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("meta", [None, {"format": "np"}])
+def test_the_file_is_the_one_safetensors_writes(tmp_path, meta):
+    t = arrays(1)
+    ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
+    r = gst.save(t, ours, metadata=meta)
+    safetensors.numpy.save_file(t, str(theirs), metadata=meta)
+    assert ours.read_bytes() == theirs.read_bytes()
+    assert r.files == [str(ours)] and r.tensors == len(t) and not r.fsync
+    assert r.bytes == sum(a.nbytes for a in t.values())
+    with safetensors.safe_open(str(ours), framework="np") as f:
+        assert set(f.keys()) == set(t) and f.metadata() == meta
+        for k in t:
+            assert same(f.get_tensor(k), t[k]), k
+    back = gst.load(str(ours), device="cpu", framework="numpy")
+    for k in t:
+        assert same(back[k], t[k]), k
+
+
+def test_non_contiguous_arrays_are_written_as_their_values(tmp_path):
+    base = np.arange(4 * 6, dtype=np.int32).reshape(4, 6)
+    t = {"transposed": base.T, "strided": np.arange(100, dtype=np.float64)[::3],
+         "reversed": np.arange(10, dtype=np.int16)[::-1]}
+    p = tmp_path / "nc.safetensors"
+    gst.save(t, p)
+    got = safetensors.numpy.load_file(str(p))
+    for k, v in t.items():
+        assert same(got[k], np.ascontiguousarray(v)), k
+
+
+def test_overlapping_arrays_are_refused(tmp_path):
+    base = np.arange(100, dtype=np.float32)
+    p = tmp_path / "shared.safetensors"
+    with pytest.raises(RuntimeError, match="share memory"):
+        gst.save({"a": base[:60], "b": base[50:]}, p)
+    assert not p.exists()
+    # Views of one buffer that do not overlap are separate tensors.
+    gst.save({"a": base[:50], "b": base[50:]}, p)
+    got = safetensors.numpy.load_file(str(p))
+    assert same(got["a"], base[:50]) and same(got["b"], base[50:])
+
+
+def test_bad_names_metadata_and_objects_are_refused(tmp_path):
+    p = tmp_path / "bad.safetensors"
+    a = np.zeros(4, dtype=np.float32)
+    for tensors, meta, err in (
+        ({1: a}, None, ValueError),
+        ({"__metadata__": a}, None, ValueError),
+        ({"a": a}, {"k": 1}, ValueError),
+        ({"a": a}, ["k"], ValueError),
+        ({"a": [1, 2]}, None, TypeError),
+        ({"a": np.zeros(2, dtype=object)}, None, ValueError),
+        ([("a", a)], None, TypeError),
+    ):
+        with pytest.raises(err):
+            gst.save(tensors, p, metadata=meta)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_save_leaves_the_old_file_and_no_temporary(tmp_path):
+    p = tmp_path / "keep.safetensors"
+    old = {"old": np.arange(10, dtype=np.int64)}
+    gst.save(old, p)
+    before = p.read_bytes()
+    big = {"big": np.zeros(1 << 20, dtype=np.uint8)}
+    # The file size limit stops the data's write half way (EFBIG; SIGXFSZ ignored).
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    sig = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        with pytest.raises(OSError):
+            gst.save(big, p)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, sig)
+    assert p.read_bytes() == before
+    assert os.listdir(tmp_path) == ["keep.safetensors"]
+
+
+def test_fsync_is_done_and_reported(tmp_path):
+    p = tmp_path / "synced.safetensors"
+    r = gst.save({"a": np.ones(1000, dtype=np.float32)}, p, fsync=True)
+    assert r.fsync and safetensors.numpy.load_file(str(p))["a"].sum() == 1000
+
+
+def test_shards_and_their_index_as_hugging_face_writes_them(tmp_path):
+    rng = np.random.default_rng(3)
+    t = {f"layer.{i}.w": rng.standard_normal(1000 + 100 * i).astype(np.float32) for i in range(8)}
+    t["big"] = rng.standard_normal(5000).astype(np.float64)  # 40000 bytes: a shard of its own
+    d = tmp_path / "ckpt"
+    r = gst.save(t, d, metadata={"format": "np"}, max_shard_size="10KB")
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    assert index["metadata"]["total_size"] == sum(a.nbytes for a in t.values()) == r.bytes
+    shards = sorted(set(index["weight_map"].values()))
+    n = len(shards)
+    assert n > 2 and shards == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    assert set(index["weight_map"]) == set(t)
+    assert r.files == [str(d / s) for s in shards] + [str(d / "model.safetensors.index.json")]
+    for s in shards:
+        with safetensors.safe_open(str(d / s), framework="np") as f:
+            data = sum(f.get_tensor(k).nbytes for k in f.keys())
+            assert data <= 10_000 or len(list(f.keys())) == 1
+            assert f.metadata() == {"format": "np"}
+            for k in f.keys():
+                assert index["weight_map"][k] == s and same(f.get_tensor(k), t[k])
+    back = gst.load(str(d / "model.safetensors.index.json"), device="cpu", framework="numpy")
+    assert set(back) == set(t) and all(same(back[k], t[k]) for k in t)
+    # One shard's worth: a single model.safetensors, no index.
+    one = tmp_path / "one"
+    r = gst.save({"a": t["layer.0.w"]}, one, max_shard_size="5GB")
+    assert r.files == [str(one / "model.safetensors")] and os.listdir(one) == ["model.safetensors"]
+    with pytest.raises(ValueError, match="max_shard_size"):
+        gst.save(t, tmp_path / "x", max_shard_size="lots")
