@@ -760,11 +760,7 @@ def _write_file(path: str, outs: List[_Out], metadata: Optional[Dict[str, str]],
             if got != [r[4] for r in requests]:
                 raise OSError(f"{tmp}: short writes {got}")
         if fsync:
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(tmp)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -773,12 +769,17 @@ def _write_file(path: str, outs: List[_Out], metadata: Optional[Dict[str, str]],
             pass
         raise
     if fsync:
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(d)  # the rename
     return sum(o.nbytes for o in outs)
+
+
+def _fsync(path: str) -> None:
+    """Syncs the file or directory ``path`` to its device."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _size(s: Union[int, str]) -> int:
