@@ -9,6 +9,7 @@ import errno
 import gc
 import os
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -259,3 +260,54 @@ def test_errors_of_the_io_are_raised_by_get(tmp_path):
     with pytest.raises(OSError) as e:
         batch.get()
     assert e.value.errno == errno.EFBIG
+
+
+def test_futures_dropped_unwaited_from_many_threads(data_file):
+    """Dropped before they end, futures run or wait for their reads: from 8 threads at once,
+    hundreds of them, the process goes on and the next reads are exact."""
+    path, data = data_file
+    f = gdirect.File(path)
+    errors = []
+
+    def run(seed):
+        try:
+            rng = np.random.default_rng(seed)
+            for _ in range(200):
+                f.pread(bytearray(65536), 65536, int(rng.integers(0, SIZE - 65536)))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=run, args=(s,)) for s in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert errors == []
+    dest = poisoned(4096)
+    assert f.pread(dest, 4096, 777).get() == 4096 and dest == data[777:4873]
+
+
+def test_a_callback_that_raises_is_reported_not_fatal(data_file, monkeypatch):
+    path, data = data_file
+    seen = []
+    monkeypatch.setattr("sys.unraisablehook", lambda u: seen.append(u.exc_value))
+
+    def bad(_):
+        raise RuntimeError("from a callback")
+
+    fut = gdirect.File(path).pread(poisoned(SIZE))
+    try:
+        fut.add_done_callback(bad)
+        late = False
+    except RuntimeError:
+        late = True  # the read had ended: the callback ran at once, in this thread
+    assert fut.get() == SIZE
+    if not late:
+        # Run by the thread that ended the read: reported through sys.unraisablehook.
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(seen) == 1 and isinstance(seen[0], RuntimeError)
+    # Added after the end, it runs at once, in this thread: its exception is this call's.
+    with pytest.raises(RuntimeError, match="from a callback"):
+        fut.add_done_callback(bad)
