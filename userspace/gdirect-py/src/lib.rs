@@ -196,7 +196,7 @@ fn device_allocation(ptr: u64, len: u64) -> PyResult<DeviceAllocation> {
 /// and write many times).
 #[pyclass(module = "gdirect._native", frozen)]
 struct File {
-    // Shared with the requests still running on the engine's threads, which outlive a call.
+    // Shared with the requests still running, which outlive the call that started them.
     src: Arc<Source>,
     sink: Option<Arc<Sink>>,
 }
@@ -576,7 +576,7 @@ fn settle(py: Python<'_>, place: Place, stream: Option<u64>) -> PyResult<bool> {
     Ok(true)
 }
 
-/// The shared state of an asynchronous call: its requests' results as the engine's threads
+/// The shared state of an asynchronous call: its requests' results as the threads running it
 /// finish their parts, and who waits.
 struct Pending {
     state: Mutex<PendingState>,
@@ -710,7 +710,7 @@ impl Pending {
 }
 
 /// An asynchronous read or write (`File.pread`, `File.pwrite`) or batch of them
-/// (`read_batch`, `write_batch`), running on the engine's threads: `get()` waits for it (the
+/// (`read_batch`, `write_batch`), started by a `Starter` thread: `get()` waits for it (the
 /// GIL released) and returns the bytes moved (a list of them, one per request, for a batch),
 /// or raises what the first failed request met. It holds the memory of its requests until
 /// they end; dropped before then, it waits for them.

@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 #: An asynchronous read or write (``File.pread``, ``File.pwrite``) or batch of them
-#: (``read_batch``, ``write_batch``), running on the engine's threads, not on a Python thread of
+#: (``read_batch``, ``write_batch``), started by the package's I/O threads, not a Python thread of
 #: its own. ``get(timeout=None)`` waits for it with the GIL released and returns the bytes moved
 #: (a list, one per request, for a batch) or raises what the first failed request met;
 #: ``done()`` says whether it has ended; ``add_done_callback(fn)`` calls ``fn(future)`` then;
@@ -424,7 +424,8 @@ class File:
         ``buf`` at byte ``buf_offset``, and returns at once: a ``Future`` whose ``get()`` is the
         bytes read (fewer than ``size`` only at the end of the file). The arguments are
         KvikIO's ``CuFile.pread``'s, in its order; ``buf`` is anything ``read`` takes. The
-        read runs on the engine's threads (no Python thread per request), so many can be in
+        read is started by the package's I/O threads (no Python thread per request; a ``get()``
+        called first runs it itself), so many can be in
         flight from one thread; the future holds ``buf`` until the read ends. Bad arguments
         raise here; what the read meets, ``get()`` raises."""
         return self._start(buf, True, size, file_offset, buf_offset)
