@@ -39,7 +39,10 @@ __all__ = [
 #: (a list, one per request, for a batch) or raises what the first failed request met;
 #: ``done()`` says whether it has ended; ``add_done_callback(fn)`` calls ``fn(future)`` then;
 #: ``await future`` gives what ``get()`` does without blocking the event loop. A future holds
-#: its memory until its requests end: dropped before then, it waits for them.
+#: its memory until its requests end: dropped before then, it waits for them. A process made by
+#: ``fork()`` after the package did any I/O has none of its threads (the engine's, the I/O
+#: threads): reads and writes there can wait forever. Start such processes with the ``spawn`` or
+#: ``forkserver`` method.
 Future = _native.Future
 
 
