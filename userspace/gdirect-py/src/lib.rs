@@ -894,9 +894,9 @@ fn start(read: bool, requests: Vec<Request>, keep: Py<PyAny>, single: bool) -> P
 
 /// The threads that start asynchronous calls: each takes a call with a part not started yet
 /// and runs that part (a thread that waits for the call may have run it first: then there is
-/// nothing left to do). Made as needed, up to the engines' number of threads, and kept. They
-/// sleep on a condition variable when there is nothing to start, and are woken only when one
-/// sleeps: a request waited for at once costs no hand-off and no spinning thread.
+/// nothing left to do). Made as needed, up to the engines' number of threads when the first call
+/// started, and kept. They sleep on a condition variable when there is nothing to start, and a
+/// call wakes one only if one sleeps (else it makes one, or waits for a busy one); none spins.
 struct Starter {
     queue: Mutex<StarterQueue>,
     wake: Condvar,
@@ -908,6 +908,8 @@ struct StarterQueue {
     threads: usize,
     idle: usize,
     wakes: usize,
+    /// The most threads to make: the engine's count when the first call was started.
+    most: Option<usize>,
 }
 
 impl Starter {
@@ -919,6 +921,7 @@ impl Starter {
                 threads: 0,
                 idle: 0,
                 wakes: 0,
+                most: None,
             }),
             wake: Condvar::new(),
         })
@@ -934,11 +937,15 @@ impl Starter {
             self.wake.notify_one();
             return;
         }
-        let most = lock(engines())
-            .overrides
-            .builder()
-            .settings()
-            .map_or(1, |s| s.threads);
+        // The engine's thread count, read once (the settings read the environment: not on
+        // every request that finds every thread busy).
+        let most = *q.most.get_or_insert_with(|| {
+            lock(engines())
+                .overrides
+                .builder()
+                .settings()
+                .map_or(1, |s| s.threads)
+        });
         if q.threads < most
             && std::thread::Builder::new()
                 .name("gdirect-start".into())
