@@ -34,6 +34,7 @@ mod error;
 mod fabric;
 mod file;
 mod io;
+mod layout;
 mod memlock;
 mod memory;
 mod misc;
@@ -186,9 +187,13 @@ impl kernel::InPlaceModule for GdirectModule {
         // SAFETY: called once, before the device exists, so before anything can use it.
         unsafe { provider::nvidia::GET_PUT.init() };
         try_pin_init!(Self {
-            // First: registrations look users up from the first open on.
-            // SAFETY: this is the module's init, before the device exists.
-            _users: unsafe { users::Users::init()? },
+            // First: registrations look users up from the first open on. Before it, the
+            // check that the bindings' structures are C's, before anything reads one.
+            _users: {
+                layout::check()?;
+                // SAFETY: this is the module's init, before the device exists.
+                unsafe { users::Users::init()? }
+            },
             _bounce: {
                 bounce::init(*module_parameters::bounce_buffers.value())?;
                 BouncePool

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * One-line wrappers of C inline functions and macros that Rust cannot call.
+ * One-line wrappers of C inline functions and macros that Rust cannot call,
+ * and the layout facts (offsetof, sizeof) that layout.rs checks.
  * No logic lives here: it is all in the Rust files. Pointer arguments that
  * Rust passes as void * are the types named in each comment.
  */
@@ -12,6 +13,7 @@
 #include <linux/fs.h>
 #include <linux/kthread.h>
 #include <linux/memcontrol.h>
+#include <linux/miscdevice.h>
 #include <linux/mm.h>
 #include <linux/netdevice.h>
 #include <linux/pci.h>
@@ -338,4 +340,92 @@ void gdirect_dev_put(struct net_device *dev);
 void gdirect_dev_put(struct net_device *dev)
 {
 	dev_put(dev);
+}
+
+/*
+ * Layout facts for layout.rs: the offset C gives each field of a kernel structure that the
+ * Rust code reads or writes through bindgen's definitions, and the size of each structure it
+ * builds or zeroes itself. Only C knows them (offsetof, sizeof); the comparison is in Rust.
+ */
+struct gdirect_layout {
+	const char *name;
+	size_t value;
+};
+#define GD_OFF(type, field) { #type "." #field, offsetof(struct type, field) }
+#define GD_SIZE(type) { "sizeof " #type, sizeof(struct type) }
+static const struct gdirect_layout gdirect_layout_facts[] = {
+	GD_OFF(file, f_inode),
+	GD_OFF(file, f_mapping),
+	GD_OFF(address_space, host),
+	GD_OFF(inode, i_sb),
+	GD_OFF(inode, i_mode),
+	GD_OFF(super_block, s_bdev),
+	GD_OFF(super_block, s_type),
+	GD_OFF(file_system_type, name),
+	GD_OFF(block_device, bd_disk),
+	GD_OFF(block_device, bd_device),
+	GD_OFF(gendisk, part0),
+	GD_OFF(gendisk, queue),
+	GD_OFF(gendisk, diskseq),
+	GD_OFF(gendisk, flags),
+	GD_OFF(request_queue, limits.logical_block_size),
+	GD_OFF(device, parent),
+	GD_OFF(device, class),
+	GD_OFF(device, kobj),
+	GD_OFF(device, type),
+	GD_OFF(device, bus),
+	GD_OFF(device, groups),
+	GD_OFF(device, driver),
+	GD_OFF(kobject, name),
+	GD_OFF(kobject, sd),
+	GD_OFF(class, name),
+	GD_OFF(attribute, name),
+	GD_OFF(device_attribute, attr),
+	GD_OFF(device_attribute, show),
+	GD_OFF(attribute_group, is_visible),
+	GD_OFF(attribute_group, attrs),
+	GD_OFF(device_driver, name),
+	GD_OFF(pci_driver, driver),
+	GD_OFF(pci_driver, driver_managed_dma),
+	GD_OFF(pci_dev, bus),
+	GD_OFF(pci_dev, devfn),
+	GD_OFF(pci_dev, resource),
+	GD_OFF(pci_dev, dev),
+	GD_OFF(pci_dev, acs_cap),
+	GD_OFF(pci_bus, number),
+	GD_OFF(resource, start),
+	GD_OFF(resource, end),
+	GD_OFF(resource, flags),
+	GD_SIZE(resource),
+	GD_OFF(pci_bus_region, start),
+	GD_SIZE(pci_bus_region),
+	GD_OFF(bio_vec, bv_page),
+	GD_OFF(bio_vec, bv_len),
+	GD_OFF(bio_vec, bv_offset),
+	GD_SIZE(bio_vec),
+	GD_OFF(kiocb, ki_pos),
+	GD_OFF(kiocb, ki_flags),
+	GD_SIZE(kiocb),
+	GD_SIZE(iov_iter),
+	GD_OFF(notifier_block, notifier_call),
+	GD_OFF(notifier_block, next),
+	GD_OFF(notifier_block, priority),
+	GD_SIZE(notifier_block),
+	GD_OFF(miscdevice, fops),
+	GD_OFF(miscdevice, mode),
+	GD_OFF(file_operations, owner),
+};
+
+const struct gdirect_layout *gdirect_layouts(size_t *len);
+const struct gdirect_layout *gdirect_layouts(size_t *len)
+{
+	*len = ARRAY_SIZE(gdirect_layout_facts);
+	return gdirect_layout_facts;
+}
+
+/* The task's exec count (t: struct task_struct *): read as exec writes it (WRITE_ONCE). */
+u64 gdirect_task_exec_id(void *t);
+u64 gdirect_task_exec_id(void *t)
+{
+	return READ_ONCE(((struct task_struct *)t)->self_exec_id);
 }

@@ -30,6 +30,8 @@ unsafe extern "C" {
     fn gdirect_override_creds(cred: *const c_void) -> *const c_void;
     fn gdirect_revert_creds(cred: *const c_void) -> *const c_void;
     fn gdirect_fsize_limit() -> u64;
+    // `task_struct`'s layout in the bindings is not C's (`layout`): its fields are read in C.
+    fn gdirect_task_exec_id(task: *mut c_void) -> u64;
     fn gdirect_current_blkcg_css() -> *mut c_void;
     fn gdirect_css_put(css: *mut c_void);
     fn gdirect_kthread_associate_blkcg(css: *mut c_void);
@@ -87,7 +89,7 @@ impl Submitter {
         let cred = ARef::from(unsafe { Credential::from_ptr(gdirect_current_cred().cast()) });
         let task = ARef::from(&**kernel::current!());
         // SAFETY: the calling task is valid; only it changes its `self_exec_id` (at `exec`).
-        let exec_id = unsafe { (*task.as_ptr()).self_exec_id };
+        let exec_id = unsafe { gdirect_task_exec_id(task.as_ptr().cast()) };
         // SAFETY: no preconditions; a non-NULL result is referenced and becomes `Blkcg`'s.
         let blkcg = NonNull::new(unsafe { gdirect_current_blkcg_css() }).map(Blkcg);
         // SAFETY: as above, for `Memcg`.
@@ -153,9 +155,9 @@ impl Submitter {
             // write), as the kernel keeps a parent's death signal from a child that exec'd a
             // new program (`exit_notify`: `self_exec_id` against `parent_exec_id`).
             // SAFETY: `self.task` holds a reference to the task; `exec` bumps `self_exec_id`
-            // under the task's own lock, and a stale read only misses the bump by a moment.
-            let exec_id =
-                unsafe { core::ptr::read_volatile(&raw const (*self.task.as_ptr()).self_exec_id) };
+            // (`WRITE_ONCE`) under the task's own lock, and a stale read only misses the bump
+            // by a moment.
+            let exec_id = unsafe { gdirect_task_exec_id(self.task.as_ptr().cast()) };
             if exec_id == self.exec_id {
                 // SAFETY: as above; sending to a task that has exited does nothing.
                 unsafe { bindings::send_sig(bindings::SIGXFSZ as i32, self.task.as_ptr(), 1) };
