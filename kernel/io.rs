@@ -312,14 +312,18 @@ impl Transfer {
         }
     }
 
-    /// The bytes to move: all of them, but for a batch's write to a regular file, what the
+    /// The bytes to move: `len`, but for a batch's write to a regular file, what the
     /// submitter's file size limit allows (the caller's own write has the kernel check it).
-    fn len(&self) -> Result<u64> {
+    /// Asked once, by the first chunk, after its waits for room and right before its storage
+    /// I/O, where a `write()` of the task's own would check it (`generic_write_checks()`): a
+    /// write held behind other I/O while its task `exec`s a new program does not signal that
+    /// program (`Submitter::write_limit`).
+    fn allowed(&self, len: u64) -> Result<u64> {
         match &self.submitter {
             Some(s) if self.dir == Dir::Write && self.target.regular => {
-                s.write_limit(self.file_offset, self.len)
+                s.write_limit(self.file_offset, len)
             }
-            _ => Ok(self.len),
+            _ => Ok(len),
         }
     }
 
@@ -331,12 +335,11 @@ impl Transfer {
             Ok(d) => d,
             Err(e) => return (path::PATH_BOUNCE, Err(e)),
         };
-        let result = self
-            .len()
-            .and_then(|len| match path {
-                path::PATH_BOUNCE => self.bounce(len),
-                _ => self.direct(len),
-            })
+        let io = match path {
+            path::PATH_BOUNCE => self.bounce(),
+            _ => self.direct(),
+        };
+        let result = io
             // A read that came back short because the device went away is a failure, not an end
             // of file: report no bytes as transferred.
             .and_then(|(bytes, eof, bounced)| match eof {
@@ -403,15 +406,19 @@ impl Transfer {
     /// in flight, not for the rest of the transfer, which then fails with `EKEYREVOKED`. The
     /// chunks of all the transfers on one registration stay within `max_in_flight_bytes`, so a
     /// revocation waits for that much storage I/O at most.
-    fn direct(&self, len: u64) -> Result<(u64, bool, u64)> {
-        let mut done = 0;
+    fn direct(&self) -> Result<(u64, bool, u64)> {
+        let (mut len, mut done) = (self.len, 0);
         while done < len {
-            let n = (len - done).min(DIRECT_CHUNK);
+            let mut n = (len - done).min(DIRECT_CHUNK);
             let got = {
                 // Room in the user's share of the storage first, then in the registration's
                 // (what a revocation waits for): neither is held while the other is awaited.
                 let _io = self.reg.user.start_io(n)?;
                 let _use = self.reg.shared.begin_io(n)?;
+                if done == 0 {
+                    len = self.allowed(len)?;
+                    n = n.min(len);
+                }
                 let bvecs = bvecs(&self.reg, self.buf_offset + done, n)?;
                 direct_io(
                     &self.file,
@@ -430,12 +437,12 @@ impl Transfer {
     }
 
     /// Through the bounce pool, one chunk at a time.
-    fn bounce(&self, len: u64) -> Result<(u64, bool, u64)> {
+    fn bounce(&self) -> Result<(u64, bool, u64)> {
         let pool = bounce::pool()?;
-        let mut done = 0;
+        let (mut len, mut done) = (self.len, 0);
         while done < len {
             let chunk = pool.acquire(&self.reg.user)?;
-            let n = (len - done).min(chunk.capacity());
+            let mut n = (len - done).min(chunk.capacity());
             let (pos, buf) = (self.file_offset + done, self.buf_offset + done);
             let moved = match self.dir {
                 Dir::Read => {
@@ -459,8 +466,12 @@ impl Transfer {
                             unsafe { chunk.copy_in(off, dev, len) }
                         })?;
                     }
-                    let bvecs = chunk.bvecs(n)?;
                     let _io = self.reg.user.start_io(n)?;
+                    if done == 0 {
+                        len = self.allowed(len)?;
+                        n = n.min(len);
+                    }
+                    let bvecs = chunk.bvecs(n)?;
                     direct_io(&self.file, Dir::Write, pos, bvecs.as_slice(), n)?
                 }
             };

@@ -466,8 +466,11 @@ struct gdirect_io_args {
  * that task's own READ or WRITE would: its credentials (LSM checks; a write
  * clears setuid/setgid bits as the task's would), its io and memory cgroups,
  * and its RLIMIT_FSIZE as it was at SUBMIT (a write to a regular file at the
- * limit completes with -EFBIG and sends SIGXFSZ to that task; one across the
- * limit is cut at it).
+ * limit completes with -EFBIG and sends SIGXFSZ to that task, unless it has
+ * exec'd another program since: the limit is checked when the write's first
+ * chunk starts its storage I/O, after any wait for room under
+ * max_in_flight_bytes and max_in_flight_bytes_per_user;
+ * one across the limit is cut at it).
  *
  * In flight are the transfers submitted and not yet reaped; a file may have at
  * most max_in_flight of them (module parameter, default 128). The files of one

@@ -9,7 +9,12 @@
 #  - its RLIMIT_FSIZE: at the limit the write fails with EFBIG and SIGXFSZ goes
 #    to the submitter (once: the batch's worker sends it, not the worker's own
 #    limit), across it the write is cut at the limit, for the batch as for the
-#    synchronous write;
+#    synchronous write; but never to a program the submitter exec'd since: writes
+#    held behind a slow read (a null_blk device whose requests take 2 s, and the
+#    module's per-user cap on bytes in flight), no signal yet 0.3 s after their
+#    submit (the limit is checked after that wait), then the task execs: they are
+#    cut at the limit, and no SIGXFSZ is pending in the new program, with the
+#    signal blocked from before the submit (so one sent before the exec would be);
 #  - its io cgroup: the bytes of a batch write submitted from a cgroup show in
 #    that cgroup's io.stat for the drive.
 # Every write is read back and compared by gdirect-io.
@@ -19,7 +24,9 @@
 mnt=/mnt/gdirect-creds
 cg=
 mounted_cg=
+nullb=/sys/kernel/config/nullb/gdslow
 cleanup() {
+	[ -d "$nullb" ] && { echo 0 >"$nullb/power"; rmdir "$nullb"; } 2>/dev/null
 	[ -n "$cg" ] && rmdir "$cg" 2>/dev/null
 	[ -n "$mounted_cg" ] && umount "$mounted_cg" 2>/dev/null
 	umount "$mnt" 2>/dev/null
@@ -35,7 +42,7 @@ chgrp gdirect /dev/gdirect && chmod 0660 /dev/gdirect
 K=1024
 
 ktap_print_header
-ktap_set_plan 14
+ktap_set_plan 21
 
 _test "ext4 made on $FS_DEV and mounted" _fs_make ext4 "$FS_DEV" "$mnt"
 mkdir -p "$mnt/u" && chown gduser:gduser "$mnt/u"
@@ -82,6 +89,40 @@ for mode in sync batch; do
 	_test "$mode write across the limit: cut at it (16 KiB)" \
 		_expect_eq "$mode-across" "result=$((16 * K))" "$(_kv "$out" "$mode-across" | sed 's/ $//')"
 done
+
+# The limit through an exec. gdslow: a null_blk device whose every request takes
+# 2 s (a timer completes it), the module reloaded so that one user may have 1 MiB
+# of storage I/O running: the 1 MiB read of gdslow holds it all, and the writes
+# queued behind it reach their file size check seconds after the exec.
+mkdir "$nullb" && (cd "$nullb" && echo 64 >size && echo 4096 >blocksize &&
+	echo 2 >irqmode && echo 2000000000 >completion_nsec && echo 1 >power)
+_test "a null_blk device of 2 s requests for the holding read" [ -b /dev/gdslow ]
+chgrp gdirect /dev/gdslow && chmod 0660 /dev/gdslow
+_unload_all
+insmod "$GDIRECT_MODULE" max_in_flight_bytes_per_user=1048576 || ktap_exit_fail_msg "cannot load $GDIRECT_MODULE"
+_GDIRECT_LOADED_HERE=1
+chgrp gdirect /dev/gdirect && chmod 0660 /dev/gdirect
+for mode in stay exec; do
+	: >"$mnt/u/xfsz-$mode" && chown gduser:gduser "$mnt/u/xfsz-$mode"
+	out=$(_as_user "ulimit -f 2048; gdirect-io xfsz-exec $mode /dev/gdslow $mnt/u/xfsz-$mode $lim")
+	ktap_print_msg "$mode: $(echo "$out" | tr '\n' ' ')"
+	eval "xfsz_$mode=\$out"
+done
+_test "the writes were held: 0.3 s after their submit, no SIGXFSZ yet (both runs)" \
+	_expect_eq "pending_before" "false false" \
+	"$(_kv "$xfsz_stay" pending_before) $(_kv "$xfsz_exec" pending_before)"
+_test "held writes, no exec: the one across the limit cut at it (16 KiB written)" \
+	_expect_eq "completions size cut_written" "3 $lim true" \
+	"$(_kv "$xfsz_stay" completions) $(_kv "$xfsz_stay" size) $(_kv "$xfsz_stay" cut_written)"
+_test "held writes, no exec: SIGXFSZ pending for the submitter" \
+	_expect_eq "sigxfsz_pending" true "$(_kv "$xfsz_stay" sigxfsz_pending)"
+_test "held writes past an exec: the one across the limit cut at it (16 KiB written)" \
+	_expect_eq "completions size cut_written" "3 $lim true" \
+	"$(_kv "$xfsz_exec" completions) $(_kv "$xfsz_exec" size) $(_kv "$xfsz_exec" cut_written)"
+_test "held writes past an exec: no SIGXFSZ for the program exec'd since" \
+	_expect_eq "sigxfsz_pending" false "$(_kv "$xfsz_exec" sigxfsz_pending)"
+_test "gdirect-io found nothing wrong in either run" \
+	sh -c "! echo '$xfsz_stay $xfsz_exec' | grep -q FAIL"
 
 # The io cgroup: a batch write of 4 MiB submitted from a child cgroup.
 if ! grep -q '^cgroup2 /sys/fs/cgroup ' /proc/mounts; then

@@ -85,6 +85,19 @@
 //!                                 at OFFSET, synchronous or as a batch, as the caller; prints
 //!                                 `result=BYTES` (read back and compared) or `errno=NAME`,
 //!                                 and `sigxfsz=N`, the SIGXFSZ signals it got
+//!   xfsz-exec exec|stay SLOW FILE LIMIT
+//!                                 with SIGXFSZ blocked: a 1 MiB batched read of the block
+//!                                 device SLOW (its requests take seconds) holds the caller's
+//!                                 share of in-flight bytes (the module loaded with
+//!                                 max_in_flight_bytes_per_user=1048576) while two batched
+//!                                 64 KiB writes to FILE queue behind it, one across LIMIT
+//!                                 (RLIMIT_FSIZE, in bytes: cut to 16 KiB) and one at it
+//!                                 (EFBIG); prints `pending_before=` 0.3 s later, then `exec`
+//!                                 (or `stay`) waits for the three completions in the program
+//!                                 it `exec`s (or in itself), and prints `completions=`,
+//!                                 `sigxfsz_pending=` (a SIGXFSZ sent at any time stays
+//!                                 pending, through the exec too), the file's size and
+//!                                 whether its last 16 KiB are the bytes written
 //!   fiemap FILE                   the file's extents as its file system maps them (FIEMAP,
 //!                                 synced first): one `logical physical length flags` line each,
 //!                                 in bytes, so that the host can find the data in a drive image
@@ -203,6 +216,21 @@ fn main() -> ExitCode {
                 _ => return usage(),
             }
         }
+        Some("xfsz-exec") if args.len() == 5 => match (args[1].as_str(), args[4].parse()) {
+            (mode @ ("exec" | "stay"), Ok(limit @ 65536..)) => {
+                xfsz_exec(mode == "exec", &args[2], &args[3], limit)
+            }
+            _ => return usage(),
+        },
+        Some(XFSZ_AFTER_EXEC) if args.len() == 4 => match (args[1].parse(), args[3].parse()) {
+            (Ok(efd @ 0..), Ok(limit @ 65536..)) => {
+                // SAFETY: the fd number the program before the exec passed: the eventfd it
+                // left open for this one, owned by nothing else here.
+                let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+                xfsz_report(&efd, &args[2], limit)
+            }
+            _ => return usage(),
+        },
         Some("fiemap") if args.len() == 2 => fiemap(&args[1]),
         Some("module-range") if args.len() == 2 => {
             return match module_text_range(&args[1]) {
@@ -515,6 +543,149 @@ fn credwrite(batched: bool, path: &str, offset: u64, len: u64) -> gdirect::Resul
         ),
     }
     Ok(())
+}
+
+/// The scenario `xfsz-exec` continues in the program it `exec`s with this name, the eventfd's
+/// number, the file and the limit.
+const XFSZ_AFTER_EXEC: &str = "xfsz-after-exec";
+
+/// `xfsz-exec`: see the usage. The writes' SIGXFSZ must reach the program that submitted them
+/// (`stay`) and never the one it `exec`d since (`exec`): with the signal blocked, one sent
+/// before the exec would still be pending after it, so only a check made after the exec, and
+/// skipped for the new program, passes.
+fn xfsz_exec(exec: bool, slow: &str, path: &str, limit: u64) -> gdirect::Result<()> {
+    const HOLD: u64 = 1 << 20;
+    const LEN: u64 = 64 << 10;
+    let mut xfsz = nix::sys::signal::SigSet::empty();
+    xfsz.add(nix::sys::signal::Signal::SIGXFSZ);
+    let blocked = xfsz.thread_block();
+    check("SIGXFSZ blocked", blocked.is_ok(), || {
+        format!("{blocked:?}")
+    });
+    let driver = Driver::open()?;
+    let hold_mem = gdirect::HostBuffer::new(HOLD as usize)?;
+    let mut mem = gdirect::HostBuffer::new(2 * LEN as usize)?;
+    mem.write(0, &pattern(limit, 2 * LEN as usize));
+    let hold_reg = driver.register(&hold_mem)?;
+    let reg = driver.register(&mem)?;
+    let slow_file = File::open_direct(slow)?;
+    let file = File::open_direct_rw(path)?;
+    // Blocking and inherited by the exec'd program: it counts the completions there.
+    // SAFETY: eventfd(2) with valid flags; the new fd is owned by the `OwnedFd`.
+    let efd = unsafe { OwnedFd::from_raw_fd(nix::libc::eventfd(0, 0)) };
+    driver.set_eventfd(Some(efd.as_fd()))?;
+    let mut hold = Batch::new();
+    hold.read(&slow_file, &hold_reg, 0, 0, HOLD, 1);
+    let queued = driver.submit(&hold, 0)?;
+    // The read in the block layer's hands (its inflight count, not the module's word) before
+    // the writes queue: they wait for the room it holds.
+    let stat = format!(
+        "/sys/class/block/{}/inflight",
+        slow.rsplit('/').next().unwrap_or(slow)
+    );
+    let inflight_reads = || {
+        std::fs::read_to_string(&stat)
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let start = std::time::Instant::now();
+    while inflight_reads() == 0 && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    check(
+        "the holding read is in flight",
+        queued == 1 && inflight_reads() > 0,
+        || format!("{queued} queued, {stat}: none in flight"),
+    );
+    let mut writes = Batch::new();
+    writes.write(&file, &reg, 0, limit - 16 * 1024, LEN, 2);
+    writes.write(&file, &reg, LEN, limit, LEN, 3);
+    let queued = driver.submit(&writes, 0)?;
+    check("the writes are queued", queued == 2, || {
+        format!("{queued} queued")
+    });
+    // Time for the workers to take the writes up (and for a check made before their wait to
+    // send its signal, which shows here), long before the read lets them go.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    println!("pending_before={}", sigxfsz_pending());
+    if !exec {
+        return xfsz_report(&efd, path, limit);
+    }
+    // The device file stays open across the exec (its queued work keeps running; the new
+    // program may not use it: EXDEV), as does the eventfd.
+    // SAFETY: `driver` holds the fd open for longer than this borrow.
+    let dev = unsafe { std::os::fd::BorrowedFd::borrow_raw(driver.as_raw_fd()) };
+    let keep = nix::fcntl::fcntl(
+        dev,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    );
+    check(
+        "the device file kept open across exec",
+        keep.is_ok(),
+        || format!("{keep:?}"),
+    );
+    let arg = |s: String| std::ffi::CString::new(s).unwrap_or_default();
+    let argv = [
+        arg("gdirect-io".into()),
+        arg(XFSZ_AFTER_EXEC.into()),
+        arg(efd.as_raw_fd().to_string()),
+        arg(path.into()),
+        arg(limit.to_string()),
+    ];
+    // Not `Command`, which would unblock every signal in the new program.
+    let err = nix::unistd::execv(c"/proc/self/exe", &argv);
+    check("exec", false, || format!("{err:?}"));
+    Ok(())
+}
+
+/// Waits for three completions on `efd` (30 s at most), then prints them, whether SIGXFSZ is
+/// pending for this process, the size of `path`, and whether its 16 KiB below `limit` are the
+/// cut write's bytes.
+fn xfsz_report(efd: &OwnedFd, path: &str, limit: u64) -> gdirect::Result<()> {
+    let start = std::time::Instant::now();
+    let mut completions = 0;
+    while completions < 3 && start.elapsed() < std::time::Duration::from_secs(30) {
+        let mut pfd = [nix::poll::PollFd::new(
+            efd.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        if let Ok(1..) = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(1000u16)) {
+            completions += drain_eventfd(efd);
+        }
+    }
+    let pending = sigxfsz_pending();
+    let blocked = status_mask("SigBlk:").is_some_and(|m| m & SIGXFSZ_BIT != 0);
+    check("SIGXFSZ still blocked", blocked, || "it is not".into());
+    let size = file_len(path)?;
+    let cut = 16 << 10;
+    let tail = buffered(path, limit - cut, cut as usize)?;
+    let same = tail == pattern(limit, cut as usize);
+    println!(
+        "completions={completions} waited_ms={} sigxfsz_pending={pending} size={size} cut_written={same}",
+        start.elapsed().as_millis()
+    );
+    Ok(())
+}
+
+/// SIGXFSZ's bit in the signal masks of `/proc/self/status`.
+const SIGXFSZ_BIT: u64 = 1 << (nix::libc::SIGXFSZ - 1);
+
+/// The signal mask `key` (`SigPnd:`, ...) of `/proc/self/status`.
+fn status_mask(key: &str) -> Option<u64> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+}
+
+/// Whether SIGXFSZ is pending for this thread or process: `true`, `false` or `unknown`.
+fn sigxfsz_pending() -> String {
+    match (status_mask("SigPnd:"), status_mask("ShdPnd:")) {
+        (Some(own), Some(shared)) => ((own | shared) & SIGXFSZ_BIT != 0).to_string(),
+        _ => "unknown".into(),
+    }
 }
 
 /// The size of `dev` (a block device or a file), in bytes.
