@@ -151,7 +151,9 @@ const DEVICE_MODE: u16 = 0o660;
 
 /// Teardown runs in field order: no new file can be opened, then the batched transfers are
 /// drained, then the counters and the bounce pool go, then the module waits until no GPU
-/// driver's free callback is still inside its code, and last the list of users is freed.
+/// driver's free callback is still inside its code, then its module notifier is unregistered
+/// (no transfer can be reading a path's attributes any more), and last the list of users is
+/// freed.
 #[pin_data]
 struct GdirectModule {
     #[pin]
@@ -161,6 +163,7 @@ struct GdirectModule {
     _debugfs: stats::Debugfs,
     _bounce: BouncePool,
     _callbacks: CallbackFence,
+    _unload_fence: storage::UnloadFence,
     _users: users::Users,
 }
 
@@ -199,6 +202,8 @@ impl kernel::InPlaceModule for GdirectModule {
                 BouncePool
             },
             _io_queue: batch::IoQueue::new(512)?,
+            // SAFETY: this is the module's init, before the device exists.
+            _unload_fence: unsafe { storage::UnloadFence::register()? },
             _debugfs <- stats::Debugfs::new(),
             _device <- OwnedMiscDevice::register(c"gdirect", DEVICE_MODE, module),
             _callbacks: CallbackFence,

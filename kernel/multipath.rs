@@ -20,8 +20,8 @@
 //!
 //! Above `storage` and `fabric`, below `io`. The paths are found as sysfs shows them: a walk
 //! of the block class (`class_for_each_device()`, which holds each device while it is visited)
-//! for the hidden disks the head's `multipath` directory links; no lock of the module's is
-//! taken.
+//! for the hidden disks the head's `multipath` directory links. The only lock of the module's
+//! taken is `storage`'s unload fence, around the reading of each path's attributes.
 
 use core::ffi::{
     c_int,
@@ -37,7 +37,10 @@ use kernel::{
 use crate::{
     fabric::dma_device_of,
     path::Reach,
-    storage::queue_takes_p2p,
+    storage::{
+        queue_takes_p2p,
+        UnloadFence, //
+    },
     uapi, //
 };
 
@@ -166,6 +169,12 @@ unsafe extern "C" fn visit(dev: *mut bindings::device, data: *mut c_void) -> c_i
         }
         bindings::kernfs_put(link);
         disk
+    };
+    // The path's attributes read with its transport's module held back from unloading: an
+    // unopened disk does not hold it (`storage`). A path deleted meanwhile is left out.
+    // SAFETY: the iterator holds `dev`.
+    let Some(_fence) = (unsafe { UnloadFence::hold(dev) }) else {
+        return 0;
     };
     // SAFETY: a registered path disk and its device are valid during the walk.
     let (dma_dev, transport) = unsafe { dma_device_of(disk, dev) };

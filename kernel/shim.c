@@ -429,3 +429,10 @@ u64 gdirect_task_exec_id(void *t)
 {
 	return READ_ONCE(((struct task_struct *)t)->self_exec_id);
 }
+
+/* dev: struct device * */
+int gdirect_device_is_registered(void *dev);
+int gdirect_device_is_registered(void *dev)
+{
+	return device_is_registered(dev);
+}

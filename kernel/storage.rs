@@ -15,11 +15,20 @@
 //! (`nvme_ns_open()`) holds the namespace, so its controller, and the transport's module (whose
 //! `ops` a controller's attributes read), and a device's attribute groups are static data of
 //! nvme-core. For the paths of a multipath head (`multipath`), which are not opened,
-//! `class_for_each_device()` holds each path's device and so its controller's memory; the
-//! transport's module is not held there, so an `rmmod nvme_tcp` racing that walk is the one
-//! case this does not cover (a path's transport is read once per disk and cached).
+//! `class_for_each_device()` holds each path's device and so its controller's memory, but not
+//! the transport's module, whose `ops` the attributes read (and, for `address`, call): a path's
+//! attributes are read under [`UnloadFence::hold`], which an `rmmod` of any module waits for
+//! between the module's exit and the freeing of its memory, and only while the path's device is
+//! still registered (a transport's exit deletes its controllers' disks first).
+//!
+//! Lock order: [`UnloadFence`]'s mutex is a leaf but for what the show functions take (an
+//! nvme-tcp queue's lock); an unload takes it after the module's exit, holding nothing but the
+//! notifier chain.
 
-use core::ffi::c_void;
+use core::ffi::{
+    c_int,
+    c_void, //
+};
 use kernel::{
     bindings, pci,
     prelude::*,
@@ -30,6 +39,7 @@ use kernel::{
             Relaxed, //
         },
     },
+    types::Opaque,
 };
 
 use crate::uapi;
@@ -38,6 +48,85 @@ unsafe extern "C" {
     // `shim.c`; a `request_queue` crosses as `void *` (see `topology.rs` on the lint).
     fn gdirect_blk_queue_pci_p2pdma(q: *mut c_void) -> bool;
     fn gdirect_page_address(page: *mut c_void) -> *mut c_void;
+    fn gdirect_device_is_registered(dev: *mut c_void) -> c_int;
+}
+
+kernel::sync::global_lock! {
+    // SAFETY: `UnloadFence::register`, at the module's init, initializes it before the device
+    // exists.
+    unsafe(uninit) static SHOWING: Mutex<()> = ();
+}
+
+/// A module notifier that makes the unload of any module wait, after the module's exit and
+/// before its memory is freed (`delete_module()` notifies `MODULE_STATE_GOING` between the
+/// two), for the attributes of unopened disks being read ([`UnloadFence::hold`]). Unregistered
+/// when dropped.
+pub(crate) struct UnloadFence(KBox<Opaque<bindings::notifier_block>>);
+
+impl UnloadFence {
+    /// Registers the notifier.
+    ///
+    /// # Safety
+    ///
+    /// Called once, at the module's init, before anything can call [`UnloadFence::hold`].
+    pub(crate) unsafe fn register() -> Result<Self> {
+        // SAFETY: the caller's promise: nothing uses the lock yet.
+        unsafe { SHOWING.init() };
+        let nb = KBox::new(
+            Opaque::new(bindings::notifier_block {
+                notifier_call: Some(module_going),
+                next: core::ptr::null_mut(),
+                priority: 0,
+            }),
+            GFP_KERNEL,
+        )?;
+        // SAFETY: the block lives on the heap until `drop` has unregistered it.
+        kernel::error::to_result(unsafe { bindings::register_module_notifier(nb.get()) })?;
+        Ok(Self(nb))
+    }
+
+    /// Holds back the end of every module's unload while the result lives, if `dev` is still
+    /// registered; `None` if it is not (its driver may be past its exit).
+    ///
+    /// # Safety
+    ///
+    /// `dev` is a device the caller holds a reference to.
+    pub(crate) unsafe fn hold(dev: *mut bindings::device) -> Option<impl Sized> {
+        let fence = SHOWING.lock();
+        // SAFETY: the caller's reference keeps `dev` valid. `device_del()` clears the flag, and
+        // a transport's exit deletes its disks before the unload's notifier takes the lock, so
+        // a flag read set under the lock means the notifier has yet to take it.
+        let registered = unsafe { gdirect_device_is_registered(dev.cast()) } != 0;
+        registered.then_some(fence)
+    }
+}
+
+// SAFETY: the notifier block is only handed to the notifier chain, which serializes its use.
+unsafe impl Send for UnloadFence {}
+// SAFETY: shared references do nothing with the block.
+unsafe impl Sync for UnloadFence {}
+
+impl Drop for UnloadFence {
+    fn drop(&mut self) {
+        // SAFETY: registered in `register`; this waits for a notification in progress.
+        unsafe { bindings::unregister_module_notifier(self.0.get()) };
+    }
+}
+
+/// The notifier's callback: on `MODULE_STATE_GOING`, waits for the attribute reads under way.
+///
+/// # Safety
+///
+/// Called by the module notifier chain.
+unsafe extern "C" fn module_going(
+    _nb: *mut bindings::notifier_block,
+    action: kernel::ffi::c_ulong,
+    _module: *mut c_void,
+) -> c_int {
+    if action == bindings::module_state_MODULE_STATE_GOING as kernel::ffi::c_ulong {
+        drop(SHOWING.lock());
+    }
+    bindings::NOTIFY_DONE as c_int
 }
 
 /// Transports of the disks used lately, by `diskseq` (unique per disk and per media change,
