@@ -5,7 +5,8 @@
 # named goes into CUDA device 0; a read through a window smaller than the file takes it piece
 # by piece, every piece verified; a byte that differs from the reference exits 3; flags of the
 # other kind of memory are command line errors (2); --json works on every command; bench
-# measures reads and writes (a written file is checked against the pattern here too).
+# measures reads and writes (a written file is checked against the pattern here too);
+# --device is the node read and bench ask.
 #
 # Usage: tests/gpu/cli.sh [GDIRECT]   (default: target/release/gdirect)
 # Prints one "ok"/"not ok" line per check, then "N passed, N failed"; exits 1 on a failure.
@@ -96,6 +97,16 @@ check "bench: the engine that read, and why (no module here)" python3 -c '
 import json, sys
 d = json.loads(sys.argv[1])
 sys.exit(0 if d["engine"] == "compat" and "not loaded" in d["why"] else 1)' "$out"
+# --device names the node read and bench ask: /dev/null is no gdirect device (a module of
+# another ABI, as the reader tells it), where the default /dev/gdirect is missing here.
+for cmd in "read $dir/a.bin --len 1M" "bench $dir/a.bin --io-size 1M --len 4M --repeat 1"; do
+	out=$("$gd" --device /dev/null $cmd --json)
+	check "${cmd%% *} --device /dev/null: the compat engine, because that node is not gdirect's" python3 -c '
+import json, sys
+d = json.loads(sys.argv[1])
+print("# why: " + d["why"])
+sys.exit(0 if d["engine"] == "compat" and "ABI" in d["why"] and "not loaded" not in d["why"] else 1)' "$out"
+done
 out=$(GDIRECT_COMPAT_MODE=off "$gd" bench "$dir/a.bin" --io-size 1M --repeat 1 --json 2>/dev/null)
 check "bench with GDIRECT_COMPAT_MODE=off and no module: an error that says so" python3 -c '
 import json, sys

@@ -4,7 +4,10 @@
 // Built without `cuda`, only the argument types and the "no CUDA" answers are used.
 #![cfg_attr(not(feature = "cuda"), allow(dead_code, unused_imports))]
 
-use std::{path::PathBuf, time::Instant};
+use std::{
+    path::{Path, PathBuf},
+    time::Instant,
+};
 
 use serde::Serialize;
 
@@ -167,6 +170,8 @@ struct GpuReadJson {
 
 /// `gdirect read FILE --gpu N`.
 pub(crate) struct GpuReadJob {
+    /// The module's device node (`--device`).
+    pub(crate) device: PathBuf,
     pub(crate) file: PathBuf,
     pub(crate) gpu: usize,
     pub(crate) offset: u64,
@@ -235,7 +240,8 @@ pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
         GpuReader::compat_only(engine)
     } else {
         // GDIRECT_COMPAT_MODE (auto, on, off) decides, as for any user of the library.
-        GpuReader::from_env(engine).json(json)?
+        let mode = gdirect::gpu::CompatMode::from_env().json(json)?;
+        GpuReader::with_device(engine, mode, &job.device)
     };
     let (free, _) = ctx
         .mem_get_info()
@@ -498,8 +504,12 @@ fn cuda<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> Error {
 }
 
 #[cfg(not(feature = "cuda"))]
-pub(crate) fn bench(args: &BenchArgs, json: bool) -> Result<(), Failure> {
-    let _ = (read_len(&args.file, 0, args.len), args.engine.builder());
+pub(crate) fn bench(args: &BenchArgs, device: &Path, json: bool) -> Result<(), Failure> {
+    let _ = (
+        read_len(&args.file, 0, args.len),
+        args.engine.builder(),
+        device,
+    );
     let _ = io_offset(args.pattern, 0, 0, 1, 1, &mut 1);
     Err(no_cuda()).json(json)
 }
@@ -547,7 +557,7 @@ struct JobTally {
 /// `GDIRECT_COMPAT_MODE` allows), each job's buffer registered once, each I/O's bytes compared
 /// with the file's after its time is taken.
 #[cfg(feature = "cuda")]
-fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
+fn bench_ios(args: &BenchArgs, io: u64, device: &Path, json: bool) -> Result<(), Failure> {
     use gdirect::{compat::CudaBackend, gpu::GpuReader};
     use std::{os::unix::fs::FileExt, time::Duration};
 
@@ -578,7 +588,8 @@ fn bench_ios(args: &BenchArgs, io: u64, json: bool) -> Result<(), Failure> {
     let reader = if args.engine.compat {
         GpuReader::compat_only(engine)
     } else {
-        GpuReader::from_env(engine).json(json)?
+        let mode = gdirect::gpu::CompatMode::from_env().json(json)?;
+        GpuReader::with_device(engine, mode, device)
     };
     let (src, sink) = if args.write {
         (None, Some(reader.create(&args.file, false).json(json)?))
@@ -762,7 +773,7 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
 }
 
 #[cfg(feature = "cuda")]
-pub(crate) fn bench(args: &BenchArgs, json: bool) -> Result<(), Failure> {
+pub(crate) fn bench(args: &BenchArgs, device: &Path, json: bool) -> Result<(), Failure> {
     use gdirect::compat::{CudaBackend, Source};
     use indicatif::{ProgressBar, ProgressStyle};
     use std::io::IsTerminal;
@@ -771,7 +782,7 @@ pub(crate) fn bench(args: &BenchArgs, json: bool) -> Result<(), Failure> {
         if args.method != Method::Gdirect {
             crate::usage_error("--io-size measures the library's reads: --method gdirect");
         }
-        return bench_ios(args, io, json);
+        return bench_ios(args, io, device, json);
     }
 
     let len = read_len(&args.file, 0, args.len).json(json)?;

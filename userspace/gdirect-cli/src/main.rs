@@ -294,6 +294,7 @@ fn main() -> ExitCode {
                     }
                     match gpu.map_or_else(gpu::default_device, Ok) {
                         Ok(gpu) => gpu::read(&gpu::GpuReadJob {
+                            device: cli.device.clone(),
                             file,
                             gpu,
                             offset,
@@ -308,7 +309,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Bench(args) => gpu::bench(&args, json),
+        Command::Bench(args) => gpu::bench(&args, &cli.device, json),
         Command::Write {
             file,
             from,

@@ -277,6 +277,16 @@ mod tests {
     }
 
     #[test]
+    fn other_device_is_why_the_compat_engine_reads() {
+        // What `gdirect --device /dev/null read --gpu` reports (tests/gpu/cli.sh): the node is
+        // no gdirect device, not a missing module.
+        let err = Driver::open_path("/dev/null").unwrap_err();
+        let why = crate::CompatReason::from_error(&err);
+        assert_eq!(why.name(), "incompatible");
+        assert!(why.cause().contains("ABI") && !why.cause().contains("not loaded"));
+    }
+
+    #[test]
     fn provider_bits_follow_the_header() {
         let info = Info {
             abi_version: ABI_VERSION,

@@ -114,12 +114,32 @@ impl GpuReader {
     }
 
     /// A reader in `mode`: [`CompatMode::On`] never asks the module, [`CompatMode::Off`] never
-    /// uses `engine`.
+    /// uses `engine`. The module is asked through `GDIRECT_DEVICE`, or `/dev/gdirect`
+    /// ([`Driver::open`]).
     pub fn with_mode(engine: CompatEngine<CudaBackend>, mode: CompatMode) -> Self {
+        Self::asking(engine, mode, Driver::open)
+    }
+
+    /// A reader in `mode` that asks the module through the device node `device` (a node made
+    /// elsewhere, or in a container's own `/dev`), whatever `GDIRECT_DEVICE` says.
+    pub fn with_device(
+        engine: CompatEngine<CudaBackend>,
+        mode: CompatMode,
+        device: impl AsRef<Path>,
+    ) -> Self {
+        Self::asking(engine, mode, || Driver::open_path(device))
+    }
+
+    /// A reader in `mode` that asks the module through what `open` opens.
+    fn asking(
+        engine: CompatEngine<CudaBackend>,
+        mode: CompatMode,
+        open: impl FnOnce() -> Result<Driver>,
+    ) -> Self {
         if mode == CompatMode::On {
             return Self::compat_only(engine);
         }
-        let module = match Driver::open() {
+        let module = match open() {
             Err(e) => Err(CompatReason::from_error(&e)),
             Ok(d) => match d.info() {
                 Ok(info) if info.has_provider(Provider::Nvidia) => Ok(d),
