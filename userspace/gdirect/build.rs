@@ -8,8 +8,9 @@
 //!
 //! In the repository it also generates the table that checks the kernel module's hand-written
 //! mirror of the header (`kernel/uapi.rs`) against those bindings (the test
-//! `kernel_mirror_matches_header`). One header, no drift. Outside it (a packaged crate) there
-//! is no mirror to check.
+//! `kernel_mirror_matches_header`), and compiles the kernel's path decision into the tests
+//! (`kernel/path.rs`): `cfg(gdirect_mirror)`. One header, no drift. Outside it (a packaged
+//! crate) there is no mirror to check, and the crate's tests build without them.
 
 use std::{
     collections::BTreeMap,

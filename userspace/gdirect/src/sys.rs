@@ -215,8 +215,9 @@ mod abi {
 }
 
 /// The kernel's path decision (`kernel/path.rs`), compiled here too: its values must be the
-/// header's, and every case is exercised, including those no hardware here can show.
-#[cfg(test)]
+/// header's, and every case is exercised, including those no hardware here can show. In the
+/// repository only, as `kernel_path`.
+#[cfg(all(test, gdirect_mirror))]
 mod path_decision {
     use crate::kernel_path as kpath;
     use kpath::{decide, Facts, Memory, Reach};
