@@ -14,11 +14,12 @@
 use kernel::prelude::*;
 
 // Fields of kernel structs are read through bindgen's types in a few places (a file's inode
-// and block device, a queue's limits, a PCI function's BARs, a device's attribute groups, a
-// task's `self_exec_id`): the types are generated from this kernel's own headers and
-// configuration when the kernel is built, and Rust is not available with randomized struct
-// layouts (`init/Kconfig`: `RUST` depends on `!RANDSTRUCT`), so their layout is the C
-// compiler's.
+// and block device, a queue's limits, a PCI function's BARs, a device's attribute groups).
+// The types are generated from this kernel's own headers and configuration, with no
+// randomized layouts (`init/Kconfig`: `RUST` depends on `!RANDSTRUCT`), but bindgen can still
+// place a field where C does not (it drops member alignment attributes: `task_struct`, whose
+// fields are therefore read in C): `layout` checks each field and size the module relies on
+// against C's at load, and the module refuses to load when one differs.
 //
 // Lengths, offsets and page counts cross between `u64` (the ABI) and `usize` (the kernel's
 // sizes) with `as usize` in places where a 64-bit `usize` holds every value the ABI allows;
