@@ -40,7 +40,8 @@ use std::{
     time::Instant,
 };
 
-use gdirect::{egpu::Egpu, raw, Driver};
+use gdirect::{raw, Driver};
+use gdirect_internals::egpu::Egpu;
 use nix::libc;
 
 #[path = "fuzz_checked.rs"]

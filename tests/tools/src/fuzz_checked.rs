@@ -24,7 +24,8 @@ use std::{collections::BTreeSet, fmt::Write as _, os::unix::fs::FileExt};
 use sha2::{Digest, Sha256};
 
 use super::{ioc_size, raw_ioctl, ForeignRefs, Rng};
-use gdirect::{egpu::Egpu, raw};
+use gdirect::raw;
+use gdirect_internals::egpu::Egpu;
 use nix::{errno::Errno, libc};
 
 const PAGE: u64 = 4096;

@@ -113,10 +113,8 @@ use std::{
     sync::atomic::{AtomicU64, Ordering},
 };
 
-use gdirect::{
-    egpu::{Egpu, EgpuAllocation},
-    raw, Batch, Driver, Errno, Error, File, IoOptions, IoPath,
-};
+use gdirect::{raw, Batch, Driver, Errno, Error, File, IoOptions, IoPath};
+use gdirect_internals::egpu::{Egpu, EgpuAllocation};
 
 static FAILURES: AtomicU64 = AtomicU64::new(0);
 
@@ -1868,12 +1866,12 @@ fn revoke(dev: &str, count: u64, bounce: bool) -> gdirect::Result<()> {
 }
 
 /// The byte the emulated GPU fills freed memory with (`EGPU_FREED_POISON`).
-const FREED_POISON: u8 = gdirect::egpu::FREED_POISON;
+const FREED_POISON: u8 = gdirect_internals::egpu::FREED_POISON;
 
 /// The bytes of BAR2's 64 KiB pages at `pages` (BAR offsets), in order, read through a fresh
 /// mapping of the BAR (the allocation they were may be freed).
 fn bar_pages_bytes(pages: &[u64]) -> gdirect::Result<Vec<u8>> {
-    let path = gdirect::egpu::sysfs_device()?.join("resource2");
+    let path = gdirect_internals::egpu::sysfs_device()?.join("resource2");
     let err = |e: std::io::Error| Error::OpenFile {
         path: path.clone(),
         errno: Errno::from_raw(e.raw_os_error().unwrap_or(5)),
@@ -1881,7 +1879,7 @@ fn bar_pages_bytes(pages: &[u64]) -> gdirect::Result<Vec<u8>> {
     let mut f = StdFile::open(&path).map_err(err)?;
     let bar_len = f.metadata().map_err(err)?.len();
     let map = MapRead::new(&mut f, 0, bar_len)?;
-    let page = gdirect::egpu::PAGE_SIZE as usize;
+    let page = gdirect_internals::egpu::PAGE_SIZE as usize;
     let mut out = Vec::with_capacity(pages.len() * page);
     for &p in pages {
         let bytes =

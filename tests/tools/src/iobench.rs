@@ -13,7 +13,8 @@
 
 use std::{os::fd::AsRawFd, process::ExitCode, time::Instant};
 
-use gdirect::{egpu::Egpu, Batch, Driver, File, HostBuffer, IoOptions, IoPath};
+use gdirect::{Batch, Driver, File, HostBuffer, IoOptions, IoPath};
+use gdirect_internals::egpu::Egpu;
 
 fn main() -> ExitCode {
     let a: Vec<String> = std::env::args().skip(1).collect();

@@ -23,9 +23,8 @@ use std::{
     process::{Command, ExitCode, Stdio},
 };
 
-use gdirect::{
-    egpu::Egpu, DeviceMemory, Driver, Error, File, HostBuffer, Provider, RegisterOptions,
-};
+use gdirect::{DeviceMemory, Driver, Error, File, HostBuffer, Provider, RegisterOptions};
+use gdirect_internals::egpu::Egpu;
 use nix::{
     libc,
     sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags},

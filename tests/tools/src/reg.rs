@@ -79,10 +79,10 @@ use std::{
 };
 
 use gdirect::{
-    egpu::{Egpu, PAGE_SIZE as EGPU_PAGE},
     raw, Batch, DeviceMemory, Driver, Errno, Error, HostBuffer, MapType, P2pMem, PciAddress,
     Provider, RegisterOptions,
 };
+use gdirect_internals::egpu::{Egpu, PAGE_SIZE as EGPU_PAGE};
 
 /// A GPU virtual address, decimal or 0x-hex.
 fn parse_va(s: &str) -> Option<u64> {

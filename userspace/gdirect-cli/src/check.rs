@@ -6,10 +6,8 @@ use std::{path::Path, process::ExitCode};
 use serde::Serialize;
 
 use crate::print_json;
-use gdirect::{
-    topology::{self, Endpoint, Inputs, Report, Verdict},
-    Driver, MapType,
-};
+use gdirect::{Driver, MapType};
+use gdirect_internals::topology::{self, Endpoint, Inputs, Report, Verdict};
 
 #[derive(Serialize)]
 struct EndpointJson {

@@ -282,8 +282,10 @@ pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
         }
         if let Some(reference) = &job.verify {
             let at = job.offset + bytes;
-            let want = gdirect::checksum::of_file(reference, at, t.bytes, 16).json(json)?;
-            let got = gdirect::checksum::of_device(buf.memory(), t.bytes, 16).json(json)?;
+            let want =
+                gdirect_internals::checksum::of_file(reference, at, t.bytes, 16).json(json)?;
+            let got =
+                gdirect_internals::checksum::of_device(buf.memory(), t.bytes, 16).json(json)?;
             if want != got {
                 eprintln!(
                     "gdirect: verify: the {} bytes at offset {at} differ from {} (checksums {got:016x} in GPU memory, {want:016x} in the file)",
@@ -789,7 +791,7 @@ pub(crate) fn bench(args: &BenchArgs, device: &Path, json: bool) -> Result<(), F
     let t0 = Instant::now();
     let reference = match args.reference {
         Some(r) => r,
-        None => gdirect::checksum::of_file(&args.file, 0, len, 16).json(json)?,
+        None => gdirect_internals::checksum::of_file(&args.file, 0, len, 16).json(json)?,
     };
     let reference_seconds = t0.elapsed().as_secs_f64();
     let backend = CudaBackend::new(args.gpu).json(json)?;
@@ -874,7 +876,7 @@ pub(crate) fn bench(args: &BenchArgs, device: &Path, json: bool) -> Result<(), F
             Some(e.read(&src, &mut mem, 0, 0, len).json(json)?)
         };
         let seconds = t0.elapsed().as_secs_f64();
-        let got = gdirect::checksum::of_device(&mem, len, 16).json(json)?;
+        let got = gdirect_internals::checksum::of_device(&mem, len, 16).json(json)?;
         if got != reference {
             let mut failure = Failure::mismatch(Error::Cuda {
                 what: "bench verification",

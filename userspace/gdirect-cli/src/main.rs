@@ -7,9 +7,10 @@ use std::{io::IsTerminal, path::PathBuf, process::ExitCode, time::Instant};
 
 use clap::{Parser, Subcommand};
 use gdirect::{
-    egpu::Egpu, DeviceMemory, Driver, Errno, Error, File, HostBuffer, Info, IoOptions, IoPath,
-    P2pMem, PciAddress, PeerMap, Provider, Reason, RegisterOptions, Transfer, Transport,
+    DeviceMemory, Driver, Errno, Error, File, HostBuffer, Info, IoOptions, IoPath, P2pMem,
+    PciAddress, PeerMap, Provider, Reason, RegisterOptions, Transfer, Transport,
 };
+use gdirect_internals::egpu::Egpu;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
@@ -597,8 +598,8 @@ fn bar_runs(pages: &[u64]) -> Vec<String> {
     let mut runs: Vec<(u64, u64)> = Vec::new();
     for &p in pages {
         match runs.last_mut() {
-            Some((start, len)) if *start + *len == p => *len += gdirect::egpu::PAGE_SIZE,
-            _ => runs.push((p, gdirect::egpu::PAGE_SIZE)),
+            Some((start, len)) if *start + *len == p => *len += gdirect_internals::egpu::PAGE_SIZE,
+            _ => runs.push((p, gdirect_internals::egpu::PAGE_SIZE)),
         }
     }
     runs.iter()
@@ -609,7 +610,7 @@ fn bar_runs(pages: &[u64]) -> Vec<String> {
 /// The memory a command registers, kept alive while it runs.
 enum Mem {
     Host(HostBuffer),
-    Egpu(gdirect::egpu::EgpuAllocation),
+    Egpu(gdirect_internals::egpu::EgpuAllocation),
     P2p(P2pMem),
 }
 
@@ -624,7 +625,8 @@ impl Mem {
             MemKind::P2pmem(None) => Ok(Self::P2p(P2pMem::allocate_any(len)?)),
             MemKind::P2pmem(Some(dev)) => Ok(Self::P2p(P2pMem::allocate(dev, len)?)),
             MemKind::Egpu => {
-                let len = size.div_ceil(gdirect::egpu::PAGE_SIZE) * gdirect::egpu::PAGE_SIZE;
+                let len = size.div_ceil(gdirect_internals::egpu::PAGE_SIZE)
+                    * gdirect_internals::egpu::PAGE_SIZE;
                 let gpu = Egpu::open()?;
                 // The rig's host checks compare the memory after the command has ended.
                 if std::env::var_os(EGPU_KEEP_ENV).is_some_and(|v| v == "1") {
@@ -691,7 +693,7 @@ impl Mem {
                 kind: "egpu",
                 address: m.va(),
                 bar_runs: m.bar_pages().ok().map(|p| bar_runs(&p)),
-                device: gdirect::egpu::sysfs_device()
+                device: gdirect_internals::egpu::sysfs_device()
                     .ok()
                     .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())),
                 poison_seed: None,
@@ -1516,9 +1518,9 @@ struct HeadPathJson {
 
 /// `gdirect check nvmeof`.
 fn check_nvmeof(sysfs: &std::path::Path, json: bool) {
-    let controllers = gdirect::nvmeof::fabric_controllers(sysfs);
-    let native = gdirect::nvmeof::native_multipath(sysfs);
-    let heads = gdirect::nvmeof::multipath_heads(sysfs);
+    let controllers = gdirect_internals::nvmeof::fabric_controllers(sysfs);
+    let native = gdirect_internals::nvmeof::native_multipath(sysfs);
+    let heads = gdirect_internals::nvmeof::multipath_heads(sysfs);
     if json {
         let heads: Vec<HeadJson> = heads
             .iter()

@@ -13,9 +13,10 @@
 //! and `gpu::GpuReader` picks the module or the compat engine for CUDA memory, saying which
 //! and why in every [`Transfer`].
 //!
-//! Features: `cuda` (cudarc device memory, `gpu`), and for the `gdirect` command and the test
-//! rig's tools: `check` (`topology`, `nvmeof`: the model behind `gdirect check`), `checksum`
-//! (the checksums reads are verified with), `rig` (`egpu`: the test rig's emulated GPU memory).
+//! Features: `cuda` (cudarc device memory, `gpu`; `cuda-13000` with cudarc's CUDA 13.0
+//! bindings) and `serde`. The `gdirect` command's and the test rig's own parts (the model
+//! behind `gdirect check`, the checksums reads are verified with, the rig's emulated GPU) live
+//! in an unpublished crate of the repository, `gdirect-internals`.
 //!
 //! # Quick start
 //!
@@ -36,27 +37,19 @@
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-#[cfg(feature = "checksum")]
-pub mod checksum;
 pub mod compat;
 mod driver;
-#[cfg(feature = "rig")]
-pub mod egpu;
 mod error;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 mod io;
 mod memory;
-#[cfg(feature = "check")]
-pub mod nvmeof;
 mod pci;
 mod registration;
 #[cfg(feature = "serde")]
 mod ser;
 mod sys;
 mod sysfs;
-#[cfg(feature = "check")]
-pub mod topology;
 
 /// The kernel's path decision, tested here (see `sys::path_decision`), in the repository (a
 /// packaged crate has no `kernel/`: the build script's `gdirect_mirror`).

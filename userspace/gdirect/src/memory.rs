@@ -13,8 +13,9 @@ use crate::{
 
 /// Memory that can be registered with the module (`Driver::register`).
 ///
-/// Implemented by [`HostBuffer`], [`P2pMem`], the test rig's emulated GPU memory
-/// (`egpu::EgpuAllocation`, feature `rig`) and, with the `cuda` feature, cudarc's `CudaSlice`. Implement it for other memory by naming its provider and address.
+/// Implemented by [`HostBuffer`], [`P2pMem`] and, with the `cuda` feature, cudarc's
+/// `CudaSlice` (the test rig's emulated GPU memory implements it in the repository's own
+/// `gdirect-internals`). Implement it for other memory by naming its provider and address.
 ///
 /// Only `unsafe impl` implements it (this claim on memory the value does not own does not
 /// compile):

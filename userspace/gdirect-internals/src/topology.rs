@@ -10,7 +10,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::{nvmeof, sysfs::read, Driver, MapType, PciAddress, PeerVerdict, Provider};
+use gdirect::{Driver, MapType, PciAddress, PeerVerdict, Provider};
+
+use crate::{nvmeof, sysfs::read};
 
 /// PCI class codes (`class` in sysfs: base << 16 | sub << 8 | prog-if).
 const CLASS_NVME: u32 = 0x01_08_02;
@@ -355,7 +357,7 @@ impl<'a> Inputs<'a> {
             modules: std::fs::read_to_string("/proc/modules").unwrap_or_default(),
             kconfig: std::fs::read_to_string(format!("/boot/config-{release}")).ok(),
             procfs: PathBuf::from("/proc"),
-            device: PathBuf::from(crate::DEFAULT_DEVICE_PATH),
+            device: PathBuf::from(gdirect::DEFAULT_DEVICE_PATH),
             module_files: loading::installed_modules(&release),
         }
     }

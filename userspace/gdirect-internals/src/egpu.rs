@@ -22,12 +22,9 @@ use nix::{
     },
 };
 
-use crate::{
-    error::{Errno, Error, Result},
-    memory::DeviceMemory,
-    sys::egpu as sys,
-    Provider,
-};
+use gdirect::{DeviceMemory, Errno, Error, Provider, Result};
+
+use crate::sys;
 
 /// The device node of the emulated GPU.
 pub const DEVICE_PATH: &str = "/dev/gdirect_egpu";

@@ -6,7 +6,7 @@
 
 use std::{os::unix::fs::FileExt, path::Path, thread};
 
-use crate::error::{Errno, Error, Result};
+use gdirect::{Errno, Error, Result};
 
 /// The mix of word `w` at index `i` (SplitMix64's finaliser of `w ^ i * golden`).
 #[inline]

@@ -11,7 +11,7 @@ use std::{
 };
 
 use super::{read, Check, Inputs, Verdict};
-use crate::Provider;
+use gdirect::Provider;
 
 /// How to sign the module with a key the kernel trusts (a Machine Owner Key on Secure Boot).
 const SIGN_FIX: &str =
