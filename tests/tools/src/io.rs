@@ -499,7 +499,14 @@ fn credwrite(batched: bool, path: &str, offset: u64, len: u64) -> gdirect::Resul
         check("the batch is queued", queued == 1, || {
             format!("{queued} queued")
         });
-        let done = driver.reap(1, true)?;
+        // The write's SIGXFSZ may interrupt the wait (the handler has no SA_RESTART): wait
+        // again, as a program that handles signals does.
+        let done = loop {
+            match driver.reap(1, true) {
+                Err(e) if e.errno() == Some(Errno::EINTR) => continue,
+                r => break r?,
+            }
+        };
         match done.into_iter().next() {
             Some(c) => c.result,
             None => {
