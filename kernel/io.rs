@@ -327,6 +327,16 @@ impl Transfer {
         }
     }
 
+    /// The transfer's `len` and a chunk's `n`, cut by [`Transfer::allowed`] when the chunk is
+    /// the first (`done == 0`), unchanged for the others.
+    fn limit_first(&self, done: u64, len: u64, n: u64) -> Result<(u64, u64)> {
+        if done > 0 {
+            return Ok((len, n));
+        }
+        let len = self.allowed(len)?;
+        Ok((len, n.min(len)))
+    }
+
     fn run_here(&self) -> (u32, Result<Outcome>) {
         let _active = stats::ActiveTransfer::new();
         let start = Instant::<Monotonic>::now();
@@ -415,10 +425,7 @@ impl Transfer {
                 // (what a revocation waits for): neither is held while the other is awaited.
                 let _io = self.reg.user.start_io(n)?;
                 let _use = self.reg.shared.begin_io(n)?;
-                if done == 0 {
-                    len = self.allowed(len)?;
-                    n = n.min(len);
-                }
+                (len, n) = self.limit_first(done, len, n)?;
                 let bvecs = bvecs(&self.reg, self.buf_offset + done, n)?;
                 direct_io(
                     &self.file,
@@ -467,10 +474,7 @@ impl Transfer {
                         })?;
                     }
                     let _io = self.reg.user.start_io(n)?;
-                    if done == 0 {
-                        len = self.allowed(len)?;
-                        n = n.min(len);
-                    }
+                    (len, n) = self.limit_first(done, len, n)?;
                     let bvecs = chunk.bvecs(n)?;
                     direct_io(&self.file, Dir::Write, pos, bvecs.as_slice(), n)?
                 }
