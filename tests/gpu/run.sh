@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: GPL-2.0 OR MIT
 #
 # The GPU checks, on a CUDA machine, from what tests/gpu/pack built (DIR, default .h200):
-# `gdirect check` as the node reports it, the library's GPU tests, the CLI's (cli.sh) and the
+# `gdirect check` as the node reports it, what the driver says of each allocator's memory
+# (tests/gpu/rdma_facts.py), the library's GPU tests, the CLI's (cli.sh) and the
 # Python package's (userspace/gdirect-py/tests_gpu), with the package and pytest installed from
 # DIR's wheels into a private directory. Prints each part's output under a "== " heading and,
 # last, "N passed, N failed" over the parts.
@@ -26,6 +27,8 @@ echo "== node: $(nvidia-smi --query-gpu=name,driver_version,memory.total --forma
 # module): what is checked is that it runs and reports.
 node_check() { "$dir/gdirect" check; echo "exit=$?"; }
 part "gdirect check" node_check
+# Which allocators give memory the module may register (a record, not a verdict).
+part "rdma facts" python3 tests/gpu/rdma_facts.py
 part "the library's GPU tests" "$dir/gdirect-lib-tests" --ignored --test-threads 1
 part "cli.sh" tests/gpu/cli.sh "$dir/gdirect"
 part "python tests_gpu" python3 -m pytest -q -p no:cacheprovider userspace/gdirect-py/tests_gpu

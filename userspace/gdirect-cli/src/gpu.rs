@@ -229,7 +229,10 @@ pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
 
 #[cfg(feature = "cuda")]
 pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
-    use gdirect::{compat::CudaBackend, gpu::GpuReader};
+    use gdirect::{
+        compat::CudaBackend,
+        gpu::{DeviceBuffer, GpuReader},
+    };
     let json = job.json;
     let len = read_len(&job.file, job.offset, job.len).json(json)?;
     let backend = CudaBackend::new(job.gpu).json(json)?;
@@ -248,11 +251,9 @@ pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
         .map_err(cuda("GPU memory query"))
         .json(json)?;
     let window = window_size(len, job.window, free as u64);
-    let mut mem = ctx
-        .default_stream()
-        .alloc_zeros::<u8>(window as usize)
-        .map_err(cuda("GPU memory allocation"))
-        .json(json)?;
+    // cuMemAlloc'd memory, which the module may register (cudarc's own allocation comes from
+    // a stream-ordered pool, which the driver lets no peer reach).
+    let mut mem = DeviceBuffer::new(&ctx.default_stream(), window as usize).json(json)?;
     // The file goes through the window piece by piece, opened once and into memory
     // registered once; each piece is verified before the next overwrites it.
     let file = reader.open(&job.file).json(json)?;
@@ -285,7 +286,7 @@ pub(crate) fn read(job: &GpuReadJob) -> Result<(), Failure> {
             let want =
                 gdirect_internals::checksum::of_file(reference, at, t.bytes, 16).json(json)?;
             let got =
-                gdirect_internals::checksum::of_device(buf.memory(), t.bytes, 16).json(json)?;
+                gdirect_internals::checksum::of_buffer(buf.memory(), t.bytes, 16).json(json)?;
             if want != got {
                 eprintln!(
                     "gdirect: verify: the {} bytes at offset {at} differ from {} (checksums {got:016x} in GPU memory, {want:016x} in the file)",
@@ -560,7 +561,10 @@ struct JobTally {
 /// with the file's after its time is taken.
 #[cfg(feature = "cuda")]
 fn bench_ios(args: &BenchArgs, io: u64, device: &Path, json: bool) -> Result<(), Failure> {
-    use gdirect::{compat::CudaBackend, gpu::GpuReader};
+    use gdirect::{
+        compat::CudaBackend,
+        gpu::{DeviceBuffer, GpuReader},
+    };
     use std::{os::unix::fs::FileExt, time::Duration};
 
     let existing = crate::file_size(&args.file).ok().filter(|&n| n > 0);
@@ -613,10 +617,8 @@ fn bench_ios(args: &BenchArgs, io: u64, device: &Path, json: bool) -> Result<(),
     let job = |j: usize| -> JobResult {
         let other = |e: Error| (false, e);
         let stream = ctx.default_stream();
-        let mut mem = stream
-            .alloc_zeros::<u8>(io as usize)
-            .map_err(cuda("GPU memory allocation"))
-            .map_err(other)?;
+        // Memory the module may register, as `read` allocates.
+        let mut mem = DeviceBuffer::new(&stream, io as usize).map_err(other)?;
         let mut buf = reader.register(&mut mem);
         let mut got = vec![0u8; io as usize];
         let mut want = vec![0u8; io as usize];
@@ -664,11 +666,7 @@ fn bench_ios(args: &BenchArgs, io: u64, device: &Path, json: bool) -> Result<(),
                 // The file's bytes, back through the page cache.
                 file.read_exact_at(&mut got, off).map_err(file_io)?;
             } else {
-                stream
-                    .memcpy_dtoh(buf.memory(), &mut got)
-                    .and_then(|()| stream.synchronize())
-                    .map_err(cuda("device-to-host copy"))
-                    .map_err(other)?;
+                buf.memory().copy_to_host(0, &mut got).map_err(other)?;
                 file.read_exact_at(&mut want, off).map_err(file_io)?;
             }
             if r.bytes != io || got != want {

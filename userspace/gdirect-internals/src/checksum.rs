@@ -118,21 +118,41 @@ pub fn of_file(path: &Path, offset: u64, len: u64, threads: usize) -> Result<u64
 #[cfg(feature = "cuda")]
 pub fn of_device(memory: &cudarc::driver::CudaSlice<u8>, len: u64, threads: usize) -> Result<u64> {
     let stream = memory.stream().clone();
-    const PIECE: usize = 256 << 20;
     let len = (len as usize).min(memory.len());
+    of_copies(len, threads, |at, host| {
+        let view = memory.slice(at..at + host.len());
+        stream
+            .memcpy_dtoh(&view, host)
+            .and_then(|()| stream.synchronize())
+            .map_err(|e| Error::Cuda {
+                what: "device-to-host copy for verification",
+                error: format!("{e:?}"),
+            })
+    })
+}
+
+/// [`of_device`] of a [`DeviceBuffer`](gdirect::gpu::DeviceBuffer).
+#[cfg(feature = "cuda")]
+pub fn of_buffer(memory: &gdirect::gpu::DeviceBuffer, len: u64, threads: usize) -> Result<u64> {
+    use cudarc::driver::DeviceSlice;
+    let len = (len as usize).min(DeviceSlice::len(memory));
+    of_copies(len, threads, |at, host| memory.copy_to_host(at, host))
+}
+
+/// The checksum of `len` bytes that `copy(at, host)` copies into `host` a piece at a time.
+#[cfg(feature = "cuda")]
+fn of_copies(
+    len: usize,
+    threads: usize,
+    mut copy: impl FnMut(usize, &mut [u8]) -> Result<()>,
+) -> Result<u64> {
+    const PIECE: usize = 256 << 20;
     let mut host = vec![0u8; PIECE.min(len)];
     let mut sum = 0u64;
     let mut at = 0;
     while at < len {
         let n = PIECE.min(len - at);
-        let view = memory.slice(at..at + n);
-        stream
-            .memcpy_dtoh(&view, &mut host[..n])
-            .and_then(|()| stream.synchronize())
-            .map_err(|e| Error::Cuda {
-                what: "device-to-host copy for verification",
-                error: format!("{e:?}"),
-            })?;
+        copy(at, &mut host[..n])?;
         let chunk = &host[..n];
         let piece = (n / threads.max(1)).next_multiple_of(8).max(1 << 20);
         sum = sum.wrapping_add(thread::scope(|s| {

@@ -127,6 +127,21 @@ pub enum Error {
         len: u64,
     },
 
+    /// GPU memory from a stream-ordered pool (`cuMemAllocAsync`, what cudarc allocates wherever
+    /// the device has pools): freeing it hands it back to the pool, not to the driver, so the
+    /// NVIDIA driver never revokes a registration of it and a transfer still queued could write
+    /// into the pool's next allocation. [`Driver::register`](crate::Driver::register) refuses
+    /// it; allocate with [`DeviceBuffer`](crate::gpu::DeviceBuffer) (`cuMemAlloc`).
+    #[error(
+        "GPU memory at {addr:#x} comes from a stream-ordered pool (cuMemAllocAsync, cudarc's \
+         allocation): its free returns it to the pool without revoking a registration, so the \
+         module does not register it; allocate with cuMemAlloc (gdirect::gpu::DeviceBuffer)"
+    )]
+    PoolMemory {
+        /// The address given.
+        addr: u64,
+    },
+
     /// The GPU driver hands out this memory without `struct page`s (BAR1 outside NVIDIA's
     /// P2PDMA mode): no storage driver can DMA to it through the block layer. The compat engine
     /// still reads into it.
@@ -472,6 +487,7 @@ impl Error {
             Self::Misaligned { .. } => ErrorKind::Misaligned,
             Self::NotProviderMemory { .. } => ErrorKind::NotProviderMemory,
             Self::NoStructPages { .. } => ErrorKind::NoStructPages,
+            Self::PoolMemory { .. } => ErrorKind::PoolMemory,
             Self::UnknownPageTable { .. } => ErrorKind::UnknownPageTable,
             Self::PinLimit { .. } => ErrorKind::PinLimit,
             Self::UserPinLimit { .. } => ErrorKind::UserPinLimit,
@@ -544,6 +560,7 @@ impl Error {
             Self::Misaligned { .. } => Some(Errno::ERANGE),
             Self::NotProviderMemory { .. } => Some(Errno::ENXIO),
             Self::NoStructPages { .. } => Some(Errno::EMEDIUMTYPE),
+            Self::PoolMemory { .. } => Some(Errno::EINVAL),
             Self::UnknownPageTable { .. } => Some(Errno::EPROTO),
             Self::PinLimit { .. } | Self::UserPinLimit { .. } | Self::UserTransferLimit { .. } => {
                 Some(Errno::EDQUOT)
@@ -630,6 +647,8 @@ pub enum ErrorKind {
     NotProviderMemory,
     /// GPU memory without struct pages ([`Error::NoStructPages`]).
     NoStructPages,
+    /// GPU memory from a stream-ordered pool ([`Error::PoolMemory`]).
+    PoolMemory,
     /// A page table of an unknown nv-p2p generation ([`Error::UnknownPageTable`]).
     UnknownPageTable,
     /// The module's pinned-bytes limit ([`Error::PinLimit`]).
@@ -709,6 +728,7 @@ impl ErrorKind {
             Self::Misaligned => "misaligned",
             Self::NotProviderMemory => "not_provider_memory",
             Self::NoStructPages => "no_struct_pages",
+            Self::PoolMemory => "pool_memory",
             Self::UnknownPageTable => "unknown_page_table",
             Self::PinLimit => "pin_limit",
             Self::UserPinLimit => "user_pin_limit",

@@ -18,6 +18,11 @@ use crate::{
     Transfer, Transport,
 };
 
+mod buffer;
+
+pub(crate) use buffer::not_pool_memory;
+pub use buffer::{DeviceBuffer, RdmaFacts};
+
 /// What [`GpuReader::read`] (or [`GpuReader::write_from`]) did: the transfer, and the compat
 /// engine's report when it ran.
 #[derive(Clone, Debug)]
@@ -34,11 +39,11 @@ pub struct GpuRead {
 /// often as needed (this is the README's example, which a test keeps equal to it):
 ///
 /// ```no_run
-/// use gdirect::{compat::{CompatEngine, CudaBackend}, gpu::GpuReader};
+/// use gdirect::{compat::{CompatEngine, CudaBackend}, gpu::{DeviceBuffer, GpuReader}};
 /// let backend = CudaBackend::new(0)?;
 /// let ctx = backend.context().clone();
 /// let reader = GpuReader::from_env(CompatEngine::builder().build(backend)?)?;
-/// let mut mem = ctx.default_stream().alloc_zeros::<u8>(64 << 20).expect("GPU memory");
+/// let mut mem = DeviceBuffer::new(&ctx.default_stream(), 64 << 20)?; // cuMemAlloc
 /// let file = reader.open("weights.bin")?; // opened once
 /// let mut buf = reader.register(&mut mem); // registered once
 /// for offset in [0, 64 << 20] {
@@ -229,6 +234,17 @@ impl GpuReader {
     pub fn register<'a, M: GpuMemory + ?Sized>(&'a self, memory: &'a mut M) -> GpuBuffer<'a, M> {
         let reg = match &self.module {
             Err(why) => Err(*why),
+            // The driver's own word that no peer may reach it: the module is not asked. (Memory
+            // of a stream-ordered pool is asked: the buffer holds it for the registration's
+            // life, and no transfer outlives a read, so its free cannot race one.)
+            Ok(_)
+                if RdmaFacts::of(memory.address())
+                    .ok()
+                    .and_then(|f| f.rdma_capable)
+                    == Some(false) =>
+            {
+                Err(CompatReason::NotRdmaCapable)
+            }
             Ok(driver) => {
                 let (addr, len) = (memory.address(), memory.bytes());
                 // SAFETY: the range is the CUDA memory `memory` stands for (a cudarc allocation
@@ -864,6 +880,23 @@ mod private {
         }
     }
 
+    impl Target for DeviceBuffer {
+        fn bytes(&self) -> u64 {
+            DeviceSlice::num_bytes(self) as u64
+        }
+        fn address(&self) -> u64 {
+            self.ptr()
+        }
+        fn ordinal(&self) -> usize {
+            DeviceBuffer::ordinal(self)
+        }
+        fn wait_queued(&mut self, _: &CudaBackend) -> Result<u64> {
+            // Work on other streams was waited for when it was queued (`DevicePtr`).
+            self.synchronize()?;
+            Ok(self.ptr())
+        }
+    }
+
     impl Target for RawGpuMemory {
         fn bytes(&self) -> u64 {
             self.len
@@ -1318,6 +1351,74 @@ mod tests {
         let back = stream.clone_dtoh(buf.memory()).expect("copy back");
         assert!(back.iter().all(|&b| b == 0), "the new memory was written");
         drop(old);
+        drop(buf);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// What the driver says of the two kinds of allocation (printed: the H200 run's record of
+    /// it), the register check that refuses pool memory and takes `DeviceBuffer`s, and a
+    /// `DeviceBuffer` as cudarc's copies and a reader's destination take it, on its own stream
+    /// and another. Run on a GPU machine: `cargo test -p gdirect --features cuda-13000 --
+    /// --ignored device_buffers`.
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn device_buffers_are_registrable_and_pool_memory_is_not() {
+        use crate::DeviceMemory;
+        use cudarc::driver::CudaContext;
+        let ctx = CudaContext::new(0).expect("CUDA context");
+        let stream = ctx.default_stream();
+        let pooled = stream.alloc_zeros::<u8>(4 << 20).expect("GPU memory");
+        let pooled_facts = RdmaFacts::of(pooled.device_address()).expect("pointer query");
+        let mut buf = DeviceBuffer::new(&stream, (4 << 20) - 1000).expect("cuMemAlloc");
+        let facts = RdmaFacts::of(buf.ptr()).expect("pointer query");
+        println!(
+            "device pools supported: {}; cudarc's slice: {pooled_facts:?}; DeviceBuffer: {facts:?}",
+            ctx.has_async_alloc()
+        );
+        assert_eq!(pooled_facts.pool, ctx.has_async_alloc());
+        assert!(!facts.pool);
+        match pooled.registrable() {
+            Err(Error::PoolMemory { addr }) => {
+                assert!(pooled_facts.pool);
+                assert_eq!(addr, pooled.device_address());
+            }
+            Ok(()) => assert!(!pooled_facts.pool),
+            Err(e) => panic!("{e}"),
+        }
+        assert!(buf.registrable().is_ok());
+        assert_eq!(DeviceSlice::len(&buf), 4 << 20);
+        assert_eq!(buf.ptr() % (64 << 10), 0);
+        assert_eq!(stream.clone_dtoh(&buf).expect("copy"), vec![0u8; 4 << 20]);
+
+        // Copies on its own stream and on another.
+        let (path, data) = random_file("devbuf", 4 << 20, 0x9e37_79b9_7f4a_7c15);
+        stream.memcpy_htod(&data, &mut buf).expect("copy in");
+        let other = ctx.new_stream().expect("stream");
+        assert!(other.clone_dtoh(&buf).expect("copy out") == data);
+        other
+            .memcpy_htod(&vec![0xa5u8; 4 << 20], &mut buf)
+            .expect("poison");
+        assert!(stream.clone_dtoh(&buf).expect("copy") == vec![0xa5u8; 4 << 20]);
+
+        // A reader's destination: every byte from the file (over the poison).
+        let engine = CompatEngine::builder()
+            .threads(2)
+            .build(CudaBackend::from_context(ctx.clone()))
+            .expect("engine");
+        let reader = GpuReader::new(engine);
+        let file = reader.open(&path).expect("open");
+        {
+            let mut reg = reader.register(&mut buf);
+            if let Some(why) = reader.compat_reason() {
+                assert_eq!(reg.registered(), Err(why));
+            }
+            let r = reader
+                .read_into(&file, &mut reg, 0, 0, 4 << 20)
+                .expect("read");
+            assert_eq!(r.transfer.bytes, 4 << 20);
+            println!("read into a DeviceBuffer: {}", r.transfer.engine.explain());
+        }
+        assert!(stream.clone_dtoh(&buf).expect("copy") == data);
         drop(buf);
         let _ = std::fs::remove_file(&path);
     }

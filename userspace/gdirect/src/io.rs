@@ -273,6 +273,9 @@ pub enum CompatReason {
     Requested,
     /// The transfer is smaller than the direct threshold (`GDIRECT_DIRECT_THRESHOLD`).
     BelowThreshold,
+    /// The CUDA driver says no third-party device may reach the memory
+    /// (`CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE` is 0), so the module is not asked.
+    NotRdmaCapable,
 }
 
 impl Engine {
@@ -320,6 +323,7 @@ impl CompatReason {
             Self::Unaligned => "unaligned",
             Self::Requested => "requested",
             Self::BelowThreshold => "below_threshold",
+            Self::NotRdmaCapable => "not_rdma_capable",
         }
     }
 
@@ -351,6 +355,9 @@ impl CompatReason {
                 .into(),
             Self::Requested => "the compat engine was asked for".into(),
             Self::BelowThreshold => "the transfer is smaller than GDIRECT_DIRECT_THRESHOLD".into(),
+            Self::NotRdmaCapable => "the CUDA driver says no third-party device may reach this \
+                 memory (it is not GPUDirect RDMA capable)"
+                .into(),
         }
     }
 }
@@ -634,7 +641,10 @@ fn io_error(
 /// entry records a file descriptor and a handle, and a file closed meanwhile could see its number
 /// reused by another file, which the batch would then read. The module takes its own references
 /// when the batch is submitted, so both may be dropped once the batch is, while the transfers
-/// run.
+/// run, and so may the memory: no safe code frees memory under a transfer, since host and
+/// p2pdma pages stay pinned until the module lets go, and GPU memory's free runs the module's
+/// free callback, which waits for the storage I/O on it (memory of a stream-ordered pool,
+/// whose free never reaches the driver, is not registered: [`Error::PoolMemory`]).
 ///
 /// A batch cannot outlive the file it names (this does not compile):
 ///

@@ -59,6 +59,13 @@ pub unsafe trait DeviceMemory {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// Whether the module may register it now, asked of its allocator before each
+    /// registration (cudarc's slices: not memory of a stream-ordered pool, which
+    /// [`Error::PoolMemory`] explains).
+    #[doc(hidden)]
+    fn registrable(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 fn page_size() -> usize {
@@ -348,8 +355,13 @@ impl Drop for P2pMem {
 ///     let _ = driver.register(flags);
 /// }
 /// ```
-// SAFETY: the device allocation belongs to the slice and is freed only when it is dropped;
-// its address and byte length are cudarc's; every bit pattern is a valid `T` (`Plain`).
+/// Memory of a stream-ordered pool, which cudarc allocates wherever the device has pools
+/// (`cuMemAllocAsync`: the H200's slices, for one), is refused with [`Error::PoolMemory`]:
+/// allocate what the module registers with [`DeviceBuffer`](crate::gpu::DeviceBuffer).
+// SAFETY: the device allocation belongs to the slice and is freed only when it is dropped,
+// through the NVIDIA driver, which revokes registrations of it first (`registrable` refuses
+// pool memory, whose free does not reach the driver); its address and byte length are
+// cudarc's; every bit pattern is a valid `T` (`Plain`).
 #[cfg(feature = "cuda")]
 unsafe impl<T: crate::gpu::Plain> DeviceMemory for cudarc::driver::CudaSlice<T> {
     fn provider(&self) -> Provider {
@@ -362,5 +374,8 @@ unsafe impl<T: crate::gpu::Plain> DeviceMemory for cudarc::driver::CudaSlice<T> 
     }
     fn len(&self) -> u64 {
         self.num_bytes() as u64
+    }
+    fn registrable(&self) -> Result<()> {
+        crate::gpu::not_pool_memory(self.device_address())
     }
 }

@@ -131,6 +131,7 @@ impl Driver {
         mem: &'a M,
         options: RegisterOptions,
     ) -> Result<Registration<'a>> {
+        mem.registrable()?;
         // SAFETY: `DeviceMemory` promises that the range is the provider's memory owned by
         // `mem`, which the registration borrows for its whole life, and that safe code reaches
         // it only through volatile copies, never a Rust reference, so a device writing it while

@@ -38,7 +38,7 @@ pub struct Entered {
 }
 
 impl Entered {
-    fn push(ctx: &CudaContext) -> Result<Self> {
+    pub(crate) fn push(ctx: &CudaContext) -> Result<Self> {
         let mut current: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: `current` receives the calling thread's current context, or null.
         cuda("reading the current context", unsafe {

@@ -37,7 +37,7 @@ use std::{
 };
 
 #[cfg(feature = "cuda")]
-pub(crate) use cuda::cuda_err;
+pub(crate) use cuda::{cuda_err, Entered};
 #[cfg(feature = "cuda")]
 pub use cuda::{
     device_count, device_facts, driver_present, CudaBackend, DeviceAllocation, DeviceFacts,
