@@ -230,6 +230,7 @@ fn main() -> ExitCode {
             _ => return usage(),
         },
         Some("fiemap") if args.len() == 2 => fiemap(&args[1]),
+        Some("direct-cache") if args.len() == 3 => direct_cache(&args[1], &args[2]),
         Some("module-range") if args.len() == 2 => {
             return match module_text_range(&args[1]) {
                 Some((start, end)) => {
@@ -408,6 +409,131 @@ fn readmem(kind: &str, dev: &str, offset: u64, len: u64) -> gdirect::Result<()> 
         }
     }
     println!("sha256={}", sha256_hex(&got));
+    Ok(())
+}
+
+/// The library's `DirectCache` (what the Python package moves CUDA memory through) on emulated
+/// GPU memory: reads into parts of one allocation through one registration (the emulator
+/// counts the page tables it handed out), a request outside the allocation's registrable part
+/// left to the compat engine, the allocation freed and another made at its address (the
+/// cache's registration revoked: registered again, the bytes land in the new pages), and
+/// nothing held once the cache lets go. Every destination poisoned first; every read compared
+/// with the device's bytes, from `copy`: its first 13 MiB, copied before (so that QEMU's trace
+/// of the drive's DMA shows the module's reads alone).
+fn direct_cache(dev: &str, copy: &str) -> gdirect::Result<()> {
+    use std::os::unix::fs::FileExt;
+    const LEN: u64 = 8 << 20;
+    let file = File::open_direct(dev)?;
+    let reference = StdFile::open(copy).map_err(|e| Error::OpenFile {
+        path: copy.into(),
+        errno: Errno::from_raw(e.raw_os_error().unwrap_or(5)),
+    })?;
+    let want = |offset: u64, len: u64| -> gdirect::Result<Vec<u8>> {
+        let mut b = vec![0u8; len as usize];
+        reference
+            .read_exact_at(&mut b, offset)
+            .map_err(|e| Error::FileIo {
+                path: copy.into(),
+                offset,
+                errno: Errno::from_raw(e.raw_os_error().unwrap_or(5)),
+            })?;
+        Ok(b)
+    };
+    let gpu = Egpu::open()?;
+    let base = gpu.info()?;
+    let cache = match gdirect::DirectCache::open(None, gdirect::Provider::Nvidia) {
+        Ok(c) => c,
+        Err(why) => {
+            return Err(Error::Worker {
+                what: Box::leak(format!("no cache: {}", why.cause()).into_boxed_str()),
+            })
+        }
+    };
+    // (offset in the allocation, file offset, length)
+    let requests = [
+        (0, 0, 1 << 20),
+        (3 << 16, 5 << 20, 4096),
+        ((1 << 20) + 4096, 9 << 20, 3 << 20),
+        (LEN - (1 << 16), 1 << 20, 1 << 16),
+    ];
+    let read_all = |mem: &mut EgpuAllocation, round: &str| -> gdirect::Result<usize> {
+        let mut module = 0;
+        for &(at, off, len) in &requests {
+            mem.write(at, &pattern(0xdead_beef ^ at, len as usize))?;
+            // SAFETY: the allocation is the emulated GPU's, freed only through it (its free
+            // runs the module's callback); the request lies inside it; nothing else uses it.
+            let r = unsafe {
+                cache.read(
+                    &file,
+                    mem.va()..mem.va() + LEN,
+                    mem.va() + at,
+                    len,
+                    off,
+                    || Ok(()),
+                )
+            }?;
+            match r {
+                Ok(t) => {
+                    module += 1;
+                    check(
+                        &format!("{round}: {len} bytes at {at}"),
+                        t.bytes == len,
+                        || format!("{} bytes", t.bytes),
+                    );
+                }
+                Err(why) => println!("{round}: {len} bytes at {at}: compat ({})", why.name()),
+            }
+            let mut got = vec![0u8; len as usize];
+            mem.read(at, &mut got)?;
+            check(
+                &format!("{round}: the bytes at {at}"),
+                got == want(off, len)?,
+                || "differ from the device's".into(),
+            );
+        }
+        Ok(module)
+    };
+    let mut mem = gpu.alloc(LEN)?;
+    let va = mem.va();
+    let module = read_all(&mut mem, "first")?;
+    let held = gpu.info()?;
+    println!(
+        "first: module={module} of {} registrations={} page_tables={}",
+        requests.len(),
+        cache.registrations(),
+        held.mappings - base.mappings
+    );
+    // Past the end of the allocation: not the module's, not a byte moved.
+    // SAFETY: as above; the range is refused before any I/O.
+    let past = unsafe { cache.read(&file, va..va + LEN, va + LEN - 4096, 8192, 0, || Ok(())) }?;
+    println!(
+        "past_end={}",
+        past.map_or_else(
+            |why| why.name().to_string(),
+            |t| format!("module {}", t.bytes)
+        )
+    );
+    let freed = mem.free()?;
+    let mut again = gpu.alloc(LEN)?;
+    println!(
+        "freed: callbacks={} same_address={}",
+        freed.callbacks,
+        again.va() == va
+    );
+    let module = read_all(&mut again, "again")?;
+    println!(
+        "again: module={module} of {} registrations={} page_tables={}",
+        requests.len(),
+        cache.registrations(),
+        gpu.info()?.mappings - base.mappings
+    );
+    cache.clear();
+    println!(
+        "cleared: registrations={} page_tables={}",
+        cache.registrations(),
+        gpu.info()?.mappings - base.mappings
+    );
+    drop(again);
     Ok(())
 }
 

@@ -8,16 +8,20 @@
 use std::{
     collections::HashMap,
     path::PathBuf,
-    sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Condvar, Mutex, MutexGuard, OnceLock,
+    },
     time::{Duration, Instant},
 };
 
 use gdirect::{
     compat::{
         Builder, CompatEngine, CudaBackend, DeviceAllocation, HostBackend, PageCache, Segment,
-        Sink, Source,
+        SegmentRead, Sink, Source,
     },
-    CompatReason, CudaError, Driver, Error, Provider,
+    gpu::{CompatMode, RdmaFacts},
+    CompatReason, CudaError, DirectCache, Error, Provider, Transfer,
 };
 use pyo3::{
     exceptions::{PyMemoryError, PyOSError, PyRuntimeError, PyTimeoutError, PyValueError},
@@ -122,62 +126,242 @@ fn cuda_engine(ordinal: usize) -> PyResult<Arc<CompatEngine<CudaBackend>>> {
     Ok(c)
 }
 
-/// Why the module does not move the bytes for this process: found once. (The Python package
-/// reads through the library's compat engine; a module that could serve is reported as such.)
-fn compat_reason() -> &'static str {
-    static REASON: OnceLock<&'static str> = OnceLock::new();
-    REASON.get_or_init(|| {
-        let reason = match Driver::open() {
-            Err(e) => CompatReason::from_error(&e),
-            Ok(d) => match d.info() {
-                Ok(i) if !i.has_provider(Provider::Nvidia) => CompatReason::NoProvider,
-                _ => return "module_not_used_from_python",
-            },
+/// The module's side of this process's CUDA transfers: the registrations it keeps (one per
+/// CUDA allocation, made at its first transfer, as cuFile's buffer registration), or why the
+/// module cannot serve (`GDIRECT_COMPAT_MODE=on`, no module, no nvidia provider...). Found once
+/// per process: a child forked after finds its own, since the device file belongs to the
+/// address space that opened it.
+fn module() -> Result<&'static DirectCache, CompatReason> {
+    type Route = (u32, Result<&'static DirectCache, CompatReason>);
+    static FIRST: OnceLock<Route> = OnceLock::new();
+    static LATER: Mutex<Option<Route>> = Mutex::new(None);
+    let open = || -> Route {
+        let route = match compat_mode() {
+            CompatMode::On => Err(CompatReason::Requested),
+            _ => DirectCache::open(None, Provider::Nvidia).map(|c| &*Box::leak(Box::new(c))),
         };
-        reason.name()
-    })
+        (std::process::id(), route)
+    };
+    let first = FIRST.get_or_init(open);
+    // Where the first answer was no module, a child's is too (and a request costs no
+    // getpid): only an open device belongs to one process.
+    if first.1.is_err() {
+        return first.1;
+    }
+    let pid = std::process::id();
+    if first.0 == pid {
+        return first.1;
+    }
+    let mut later = lock(&LATER);
+    match &*later {
+        Some((p, route)) if *p == pid => *route,
+        _ => later.insert(open()).1,
+    }
 }
 
-/// The report of one read, as a dict (the Python half makes it a `Report`).
+/// `GDIRECT_COMPAT_MODE` (auto, on, off), read once; a bad value reads as auto (the first
+/// read reports it: `check_compat_mode`).
+fn compat_mode() -> CompatMode {
+    static MODE: OnceLock<CompatMode> = OnceLock::new();
+    *MODE.get_or_init(|| CompatMode::from_env().unwrap_or(CompatMode::Auto))
+}
+
+/// Why the compat engine moves host memory's bytes: it reads and writes it with `O_DIRECT`
+/// itself where the file allows (the module would add a pin and an unpin per request, and
+/// miss the page cache), so the module is not asked; where the module is missing, that is why.
+fn host_reason() -> &'static str {
+    match module() {
+        Ok(_) => "host_memory",
+        Err(why) => why.name(),
+    }
+}
+
+/// Module transfers of this process, and their bytes (`stats()`).
+static MODULE_TRANSFERS: AtomicU64 = AtomicU64::new(0);
+static MODULE_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// One CUDA request: `len` bytes of the file (through its `O_DIRECT` descriptor) at
+/// `file_offset`, to or from the memory at `ptr`, inside the CUDA allocation `alloc`.
+#[derive(Clone, Copy)]
+struct CudaIo<'a> {
+    direct: &'a Direct,
+    alloc: DeviceAllocation,
+    ptr: u64,
+    len: u64,
+    file_offset: u64,
+}
+
+/// How a CUDA request went: the module's transfer, or why the compat engine is to move it.
+type Route = Result<Transfer, CompatReason>;
+
+/// The module's transfer of one CUDA request, or why
+/// the compat engine is to move it (an error instead under `GDIRECT_COMPAT_MODE=off`): the
+/// path the library's `GpuReader` takes, with the same reasons. Memory of a stream-ordered
+/// pool, or that the driver calls unreachable by peers, is never registered.
+///
+/// # Safety
+///
+/// `io.ptr..io.ptr + io.len` lies in `io.alloc`, a live allocation of its GPU, which the
+/// caller keeps alive until this returns and which is freed only by the CUDA driver (whose
+/// free revokes the registration the module keeps); no Rust reference points into it; a
+/// read's destination is not used by work queued meanwhile, nor a write's source written.
+/// `settled`: the work queued on the memory was waited for (else the context's is, here).
+unsafe fn via_module(
+    io: &CudaIo<'_>,
+    read: bool,
+    settled: bool,
+    engine: &CompatEngine<CudaBackend>,
+) -> gdirect::Result<Route> {
+    let CudaIo {
+        direct: file,
+        alloc,
+        ptr,
+        len,
+        file_offset,
+    } = *io;
+    let allow = |why: CompatReason| match compat_mode() {
+        CompatMode::Off => Err(Error::CompatModeOff { reason: why }),
+        _ => Ok(Err(why)),
+    };
+    let cache = match module() {
+        Ok(c) => c,
+        Err(why) => return allow(why),
+    };
+    if compat_mode() == CompatMode::Auto && len < engine.settings().direct_threshold {
+        return Ok(Err(CompatReason::BelowThreshold));
+    }
+    // No drive's logical block is smaller than 512 bytes: a request not on that boundary is
+    // the compat engine's without asking the module (a checkpoint's tensors mostly are).
+    if (file_offset | len) % 512 != 0 {
+        return allow(CompatReason::Unaligned);
+    }
+    let Some(direct) = file.get() else {
+        return allow(CompatReason::Unaligned);
+    };
+    if !read || !settled {
+        // The module's DMA is ordered after the work queued on the memory: for a write, the
+        // context's, as the compat engine's write waits for it; for a read, where its stream
+        // was not waited for.
+        engine.backend().synchronize_all()?;
+    }
+    let vet = || match RdmaFacts::of(alloc.start) {
+        Ok(f) if f.pool => Err(CompatReason::PoolMemory),
+        Ok(f) if f.rdma_capable == Some(false) => Err(CompatReason::NotRdmaCapable),
+        _ => Ok(()),
+    };
+    let range = alloc.start..alloc.start + alloc.size;
+    // SAFETY: the function's contract: the allocation is the CUDA driver's (not a pool's:
+    // `vet`), freed only through it, and the request lies inside it.
+    let r = unsafe {
+        if read {
+            cache.read(direct, range, ptr, len, file_offset, vet)
+        } else {
+            cache.write(direct, range, ptr, len, file_offset, vet)
+        }
+    }?;
+    match r {
+        Ok(t) => {
+            MODULE_TRANSFERS.fetch_add(1, Ordering::Relaxed);
+            MODULE_BYTES.fetch_add(t.bytes, Ordering::Relaxed);
+            Ok(Ok(t))
+        }
+        Err(why) => allow(why),
+    }
+}
+
+/// The report of one read, as a dict (the Python half makes it a `Report`): the compat
+/// engine's, which moved the bytes because of `reason`.
 fn report<'py>(
     py: Python<'py>,
     r: &gdirect::compat::Report,
     memory: &str,
+    reason: &str,
     seconds: f64,
 ) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("bytes", r.bytes)?;
     d.set_item("eof", r.eof)?;
     d.set_item("engine", "compat")?;
-    d.set_item("reason", compat_reason())?;
+    d.set_item("reason", reason)?;
     d.set_item("memory", memory)?;
     d.set_item("direct_bytes", r.direct_bytes)?;
     d.set_item("buffered_bytes", r.buffered_bytes)?;
     d.set_item("mapped_bytes", r.mapped_bytes)?;
     d.set_item("threads", r.threads)?;
     d.set_item("seconds", seconds)?;
+    d.set_item("path", "bounce")?;
+    d.set_item("module_bytes", 0u64)?;
     Ok(d)
 }
 
-/// Runs one engine call with the GIL released, timed, and makes its report (`memory` names
-/// where the bytes were: `host` or `cuda:N`).
+/// The report of a transfer the module made.
+fn module_report<'py>(
+    py: Python<'py>,
+    t: &Transfer,
+    memory: &str,
+    seconds: f64,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("bytes", t.bytes)?;
+    d.set_item("eof", t.eof)?;
+    d.set_item("engine", "module")?;
+    d.set_item("reason", t.reason.name())?;
+    d.set_item("memory", memory)?;
+    d.set_item("direct_bytes", 0u64)?;
+    d.set_item("buffered_bytes", 0u64)?;
+    d.set_item("mapped_bytes", 0u64)?;
+    d.set_item("threads", 1)?;
+    d.set_item("seconds", seconds)?;
+    d.set_item("path", t.path.name())?;
+    d.set_item("module_bytes", t.bytes)?;
+    Ok(d)
+}
+
+/// Runs one compat engine call with the GIL released, timed, and makes its report (`memory`
+/// names where the bytes were: `host` or `cuda:N`).
 fn run_reported<'py>(
     py: Python<'py>,
     memory: &str,
+    reason: &str,
     call: impl FnOnce() -> gdirect::Result<gdirect::compat::Report> + Send,
 ) -> PyResult<Bound<'py, PyDict>> {
     let t0 = Instant::now();
     let r = py.allow_threads(call).map_err(py_err)?;
-    report(py, &r, memory, t0.elapsed().as_secs_f64())
+    report(py, &r, memory, reason, t0.elapsed().as_secs_f64())
 }
 
-/// The GPU of `len` bytes of device memory at `ptr`, checked to lie in one allocation the
-/// CUDA driver knows: a range past the allocation's end is refused, not written.
-fn device_range(ptr: u64, len: u64) -> PyResult<usize> {
-    device_allocation(ptr, len).map(|a| a.ordinal)
+/// One CUDA request, timed with the GIL released: the module where it serves, else `compat`
+/// (the compat engine's call), and its report.
+///
+/// # Safety
+///
+/// As for `via_module`.
+unsafe fn run_cuda<'py>(
+    py: Python<'py>,
+    io: CudaIo<'_>,
+    read: bool,
+    settled: bool,
+    engine: &CompatEngine<CudaBackend>,
+    compat: impl FnOnce() -> gdirect::Result<gdirect::compat::Report> + Send,
+) -> PyResult<Bound<'py, PyDict>> {
+    let memory = format!("cuda:{}", io.alloc.ordinal);
+    let t0 = Instant::now();
+    let routed = py.allow_threads(|| -> gdirect::Result<_> {
+        // SAFETY: the function's contract, which is `via_module`'s.
+        match unsafe { via_module(&io, read, settled, engine) }? {
+            Ok(t) => Ok(Ok(t)),
+            Err(why) => Ok(Err((why, compat()?))),
+        }
+    });
+    let seconds = t0.elapsed().as_secs_f64();
+    match routed.map_err(py_err)? {
+        Ok(t) => module_report(py, &t, &memory, seconds),
+        Err((why, r)) => report(py, &r, &memory, why.name(), seconds),
+    }
 }
 
-/// The CUDA allocation that holds all of `len` bytes at `ptr` (checked as `device_range`).
+/// The CUDA allocation that holds all of `len` bytes at `ptr`, checked to lie in it: a range
+/// past the allocation's end is refused, not written.
 fn device_allocation(ptr: u64, len: u64) -> PyResult<DeviceAllocation> {
     let alloc = DeviceAllocation::of(ptr).map_err(|e| PyValueError::new_err(e.to_string()))?;
     if ptr
@@ -199,6 +383,29 @@ struct File {
     // Shared with the requests still running, which outlive the call that started them.
     src: Arc<Source>,
     sink: Option<Arc<Sink>>,
+    direct: Arc<Direct>,
+}
+
+/// A file's `O_DIRECT` descriptor for the module's transfers, opened at the first one (none
+/// where the file system has no `O_DIRECT`, as tmpfs: then the compat engine moves the bytes).
+struct Direct {
+    path: PathBuf,
+    writable: bool,
+    fd: OnceLock<Option<gdirect::File>>,
+}
+
+impl Direct {
+    fn get(&self) -> Option<&gdirect::File> {
+        self.fd
+            .get_or_init(|| {
+                if self.writable {
+                    gdirect::File::open_direct_rw(&self.path).ok()
+                } else {
+                    gdirect::File::open_direct(&self.path).ok()
+                }
+            })
+            .as_ref()
+    }
 }
 
 #[pymethods]
@@ -218,7 +425,12 @@ impl File {
             }
         };
         Ok(Self {
-            src: Arc::new(Source::open(path).map_err(py_err)?),
+            src: Arc::new(Source::open(&path).map_err(py_err)?),
+            direct: Arc::new(Direct {
+                writable: sink.is_some(),
+                path,
+                fd: OnceLock::new(),
+            }),
             sink,
         })
     }
@@ -252,7 +464,7 @@ impl File {
             return Err(PyValueError::new_err("a null destination address"));
         }
         let engine = host_engine()?;
-        run_reported(py, "host", || {
+        run_reported(py, "host", host_reason(), || {
             // SAFETY: the Python half passes the address of a writable buffer of `len` bytes
             // that it keeps alive (a held memoryview) until this returns; no Rust reference
             // covers it (the engine writes it by raw copies), so Python threads touching it
@@ -276,23 +488,29 @@ impl File {
     ) -> PyResult<Bound<'py, PyDict>> {
         if len == 0 {
             // An empty array (its pointer may be 0, in no allocation): nothing to read.
-            return run_reported(py, "cuda", || Ok(Default::default()));
+            return run_reported(py, "cuda", "empty", || Ok(Default::default()));
         }
-        let ordinal = device_range(ptr, len)?;
-        let engine = cuda_engine(ordinal)?;
-        let settled = settle(py, Place::Cuda(ordinal), stream)?;
+        let alloc = device_allocation(ptr, len)?;
+        let engine = cuda_engine(alloc.ordinal)?;
+        let settled = settle(py, Place::Cuda(alloc.ordinal), stream)?;
         let seg = Segment {
             src: &self.src,
             file_offset,
             len,
             mem_offset: 0,
         };
-        run_reported(py, &format!("cuda:{ordinal}"), || {
-            // SAFETY: `ptr..ptr + len` lies in a live device allocation of GPU `ordinal`
-            // (checked above), whose engine uses that GPU's primary context (the one CUDA
-            // runtimes such as PyTorch's and CuPy's allocate in); the Python half keeps the
-            // array alive until this returns; when `settled`, the work queued on it was waited
-            // for.
+        let io = CudaIo {
+            direct: &self.direct,
+            alloc,
+            ptr,
+            len,
+            file_offset,
+        };
+        let compat = || {
+            // SAFETY: `ptr..ptr + len` lies in a live device allocation of GPU `alloc.ordinal`
+            // (checked above) that the Python half keeps alive until this returns; the engine
+            // uses that GPU's primary context (the one CUDA runtimes such as PyTorch's and
+            // CuPy's allocate in); when `settled`, the work queued on the memory was waited for.
             let (r, _) = unsafe {
                 if settled {
                     engine.read_device_ptrs_settled(&[seg], &[(ptr, len)])
@@ -301,7 +519,10 @@ impl File {
                 }
             }?;
             Ok(r)
-        })
+        };
+        // SAFETY: as for `compat`, and a CUDA runtime's free of the allocation (PyTorch's,
+        // CuPy's) gives it back to the driver, which revokes the module's registration.
+        unsafe { run_cuda(py, io, true, settled, &engine, compat) }
     }
 
     /// Writes `len` bytes of host memory at address `ptr` to the file at `file_offset`. The
@@ -319,7 +540,7 @@ impl File {
             return Err(PyValueError::new_err("a null source address"));
         }
         let engine = host_engine()?;
-        run_reported(py, "host", || {
+        run_reported(py, "host", host_reason(), || {
             // SAFETY: the Python half passes the address of a buffer of `len` readable bytes
             // that it keeps alive (a held buffer export) until this returns.
             unsafe { engine.write_host_ptr(sink, ptr as *const u8, len, file_offset) }
@@ -337,16 +558,25 @@ impl File {
     ) -> PyResult<Bound<'py, PyDict>> {
         let sink = self.sink()?;
         if len == 0 {
-            return run_reported(py, "cuda", || Ok(Default::default()));
+            return run_reported(py, "cuda", "empty", || Ok(Default::default()));
         }
-        let ordinal = device_range(ptr, len)?;
-        let engine = cuda_engine(ordinal)?;
-        run_reported(py, &format!("cuda:{ordinal}"), || {
-            // SAFETY: `ptr..ptr + len` lies in a live device allocation of GPU `ordinal`
+        let alloc = device_allocation(ptr, len)?;
+        let engine = cuda_engine(alloc.ordinal)?;
+        let io = CudaIo {
+            direct: &self.direct,
+            alloc,
+            ptr,
+            len,
+            file_offset,
+        };
+        let compat = || {
+            // SAFETY: `ptr..ptr + len` lies in a live device allocation of GPU `alloc.ordinal`
             // (checked above), whose engine uses that GPU's primary context; the Python half
             // keeps the array alive until this returns.
             unsafe { engine.write_device_ptr(sink, ptr, len, file_offset) }
-        })
+        };
+        // SAFETY: as for `compat`, and the allocation's free is the driver's (`read_cuda`).
+        unsafe { run_cuda(py, io, false, false, &engine, compat) }
     }
 
     /// Starts reading `len` bytes at `file_offset` into memory at `ptr` (device memory of a
@@ -397,14 +627,16 @@ impl File {
         keep: Py<PyAny>,
         stream: Option<u64>,
     ) -> PyResult<Future> {
-        let place = if len == 0 {
-            Place::Host
+        let (place, alloc) = if len == 0 {
+            (Place::Host, None)
         } else {
             Place::of(cuda, ptr, len)?
         };
         let request = Request {
             src: self.src.clone(),
             sink: if read { None } else { self.sink.clone() },
+            direct: self.direct.clone(),
+            alloc,
             file_offset,
             ptr,
             len,
@@ -425,6 +657,76 @@ impl File {
             ))
         })
     }
+}
+
+/// What `read_cuda_many` did: the compat engine's report and why it read (when it did), and
+/// each read's result.
+type ManyCuda = (
+    Option<(gdirect::compat::Report, CompatReason)>,
+    Vec<SegmentRead>,
+);
+
+/// One read into CUDA memory of a batch (`read_many`, futures, `submit`).
+struct CudaRead<'a> {
+    src: &'a Source,
+    io: CudaIo<'a>,
+}
+
+/// Reads `reads`, all into memory of `engine`'s GPU: each through the module where it serves
+/// (the path and reasons of `via_module`), the others in one read of the compat engine, whose
+/// workers take their pieces in turn. Returns that read's report (`None` when the module
+/// served every one, with the first compat reason otherwise) and each read's result.
+///
+/// # Safety
+///
+/// Each read's memory is as `via_module` requires; the destinations do not overlap.
+/// `settled`: the work queued on every destination was waited for (else the context's is).
+unsafe fn read_cuda_many(
+    engine: &CompatEngine<CudaBackend>,
+    reads: &[CudaRead<'_>],
+    settled: bool,
+) -> gdirect::Result<ManyCuda> {
+    if !settled {
+        // Once for all of them: each is then ordered after the work queued before the call.
+        engine.backend().synchronize_all()?;
+    }
+    let mut each = vec![SegmentRead::default(); reads.len()];
+    let mut compat: Vec<(usize, CompatReason)> = Vec::new();
+    for (i, r) in reads.iter().enumerate() {
+        // SAFETY: the function's contract; the context's work was waited for above.
+        let routed = unsafe { via_module(&r.io, true, true, engine) }?;
+        match routed {
+            Ok(t) => {
+                each[i] = SegmentRead {
+                    bytes: t.bytes,
+                    eof: t.eof,
+                }
+            }
+            Err(why) => compat.push((i, why)),
+        }
+    }
+    let Some(&(_, why)) = compat.first() else {
+        return Ok((None, each));
+    };
+    let segs: Vec<Segment<'_>> = compat
+        .iter()
+        .map(|&(i, _)| Segment {
+            src: reads[i].src,
+            file_offset: reads[i].io.file_offset,
+            len: reads[i].io.len,
+            mem_offset: 0,
+        })
+        .collect();
+    let ptrs: Vec<(u64, u64)> = compat
+        .iter()
+        .map(|&(i, _)| (reads[i].io.ptr, reads[i].io.len))
+        .collect();
+    // SAFETY: the function's contract; the work queued on the memory was waited for.
+    let (report, got) = unsafe { engine.read_device_ptrs_settled(&segs, &ptrs) }?;
+    for (&(i, _), g) in compat.iter().zip(got) {
+        each[i] = g;
+    }
+    Ok((Some((report, why)), each))
 }
 
 /// The report of a `read_many`, and each range's `(bytes, eof)`.
@@ -456,21 +758,26 @@ fn read_many<'py>(
         return Err(PyValueError::new_err("a null destination address"));
     }
     let mut ordinal = None;
+    let mut allocs = Vec::new();
     if cuda {
         for &(_, ptr, len, _) in &reads {
             if len == 0 {
+                allocs.push(None);
                 continue;
             }
-            let o = device_range(ptr, len)?;
-            if ordinal.is_some_and(|prev| prev != o) {
+            let a = device_allocation(ptr, len)?;
+            if ordinal.is_some_and(|prev| prev != a.ordinal) {
                 return Err(PyValueError::new_err(
                     "read_many's destinations are on more than one GPU: one call per GPU",
                 ));
             }
-            ordinal = Some(o);
+            ordinal = Some(a.ordinal);
+            allocs.push(Some(a));
         }
     }
     let t0 = Instant::now();
+    let mut reason = host_reason();
+    let mut many_module_bytes = 0;
     let segs: Vec<Segment<'_>> = reads
         .iter()
         .map(|r| Segment {
@@ -497,13 +804,44 @@ fn read_many<'py>(
         (true, None) => (Default::default(), vec![Default::default(); segs.len()]),
         (true, Some(o)) => {
             let engine = cuda_engine(o)?;
-            let ptrs: Vec<(u64, u64)> = reads.iter().map(|r| (r.1, r.2)).collect();
-            py.allow_threads(|| {
-                // SAFETY: as in `File::read_cuda`, for each range (checked above against its
-                // allocation on this GPU); they do not overlap (checked above).
-                unsafe { engine.read_device_ptrs(&segs, &ptrs) }
-            })
-            .map_err(py_err)?
+            let items: Vec<CudaRead<'_>> = reads
+                .iter()
+                .zip(&allocs)
+                .filter_map(|(r, a)| {
+                    a.map(|alloc| CudaRead {
+                        src: &r.0.get().src,
+                        io: CudaIo {
+                            direct: &r.0.get().direct,
+                            alloc,
+                            ptr: r.1,
+                            len: r.2,
+                            file_offset: r.3,
+                        },
+                    })
+                })
+                .collect();
+            let (compat, got) = py
+                .allow_threads(|| {
+                    // SAFETY: as in `File::read_cuda`, for each range (checked above against
+                    // its allocation on this GPU); they do not overlap (checked above).
+                    unsafe { read_cuda_many(&engine, &items, false) }
+                })
+                .map_err(py_err)?;
+            let mut got = got.into_iter();
+            let each: Vec<SegmentRead> = allocs
+                .iter()
+                .map(|a| match a {
+                    Some(_) => got.next().unwrap_or_default(),
+                    None => SegmentRead::default(),
+                })
+                .collect();
+            let module_bytes: u64 = each.iter().map(|r| r.bytes).sum::<u64>()
+                - compat.as_ref().map_or(0, |(r, _)| r.bytes);
+            reason = compat.as_ref().map_or("none", |(_, why)| why.name());
+            let mut all = compat.map(|(r, _)| r).unwrap_or_default();
+            all.bytes += module_bytes;
+            many_module_bytes = module_bytes;
+            (all, each)
         }
     };
     let memory = match ordinal {
@@ -511,10 +849,14 @@ fn read_many<'py>(
         None if cuda => "cuda".to_string(),
         None => "host".to_string(),
     };
-    Ok((
-        report(py, &all, &memory, t0.elapsed().as_secs_f64())?,
-        each.iter().map(|r| (r.bytes, r.eof)).collect(),
-    ))
+    let report = report(py, &all, &memory, reason, t0.elapsed().as_secs_f64())?;
+    if many_module_bytes > 0 {
+        report.set_item("module_bytes", many_module_bytes)?;
+        if many_module_bytes == all.bytes {
+            report.set_item("engine", "module")?;
+        }
+    }
+    Ok((report, each.iter().map(|r| (r.bytes, r.eof)).collect()))
 }
 
 /// Where a request's memory is: host memory, or device memory of a GPU (its ordinal).
@@ -527,14 +869,16 @@ enum Place {
 impl Place {
     /// The place of `len` bytes at `ptr`: host memory, or device memory checked to lie in one
     /// CUDA allocation.
-    fn of(cuda: bool, ptr: u64, len: u64) -> PyResult<Self> {
+    /// And the allocation it lies in, for device memory.
+    fn of(cuda: bool, ptr: u64, len: u64) -> PyResult<(Self, Option<DeviceAllocation>)> {
         if !cuda {
             if ptr == 0 && len > 0 {
                 return Err(PyValueError::new_err("a null memory address"));
             }
-            return Ok(Self::Host);
+            return Ok((Self::Host, None));
         }
-        Ok(Self::Cuda(device_range(ptr, len)?))
+        let a = device_allocation(ptr, len)?;
+        Ok((Self::Cuda(a.ordinal), Some(a)))
     }
 }
 
@@ -543,6 +887,9 @@ impl Place {
 struct Request {
     src: Arc<Source>,
     sink: Option<Arc<Sink>>,
+    direct: Arc<Direct>,
+    /// The CUDA allocation the memory lies in (device memory only).
+    alloc: Option<DeviceAllocation>,
     file_offset: u64,
     ptr: u64,
     len: u64,
@@ -550,6 +897,21 @@ struct Request {
     /// A read's memory needs no wait for the context's work: the work queued on it (its
     /// stream's) was waited for at the call (`settle`).
     settled: bool,
+}
+
+impl Request {
+    /// The request as the module's path takes it (device memory only).
+    fn cuda_io(&self) -> gdirect::Result<CudaIo<'_>> {
+        Ok(CudaIo {
+            direct: &self.direct,
+            alloc: self.alloc.ok_or(Error::Worker {
+                what: "a request on device memory without its allocation",
+            })?,
+            ptr: self.ptr,
+            len: self.len,
+            file_offset: self.file_offset,
+        })
+    }
 }
 
 /// Orders a read into the memory at `place` after the work queued on it: `stream` is the
@@ -1019,18 +1381,20 @@ impl Engine {
                     unsafe { e.read_host_ptrs(&segs, &ptrs) }?.1
                 }
                 Self::Cuda(e) => {
-                    let ptrs: Vec<(u64, u64)> = idx
+                    let reads = idx
                         .iter()
-                        .map(|&i| (requests[i].ptr, requests[i].len))
-                        .collect();
-                    if idx.iter().all(|&i| requests[i].settled) {
-                        // SAFETY: this function's contract; the work queued on each
-                        // destination was waited for (`settle`).
-                        unsafe { e.read_device_ptrs_settled(&segs, &ptrs) }?.1
-                    } else {
-                        // SAFETY: this function's contract.
-                        unsafe { e.read_device_ptrs(&segs, &ptrs) }?.1
-                    }
+                        .map(|&i| {
+                            let r = &requests[i];
+                            Ok(CudaRead {
+                                src: &r.src,
+                                io: r.cuda_io()?,
+                            })
+                        })
+                        .collect::<gdirect::Result<Vec<_>>>()?;
+                    let settled = idx.iter().all(|&i| requests[i].settled);
+                    // SAFETY: this function's contract; when `settled`, the work queued on each
+                    // destination was waited for (`settle`).
+                    unsafe { read_cuda_many(e, &reads, settled) }?.1
                 }
             };
             return Ok(idx.iter().zip(each).map(|(&i, r)| (i, r.bytes)).collect());
@@ -1046,8 +1410,17 @@ impl Engine {
                 Self::Host(e) => unsafe {
                     e.write_host_ptr(sink, r.ptr as usize as *const u8, r.len, r.file_offset)
                 },
-                // SAFETY: this function's contract.
-                Self::Cuda(e) => unsafe { e.write_device_ptr(sink, r.ptr, r.len, r.file_offset) },
+                Self::Cuda(e) => {
+                    // SAFETY: this function's contract.
+                    match unsafe { via_module(&r.cuda_io()?, false, false, e) }? {
+                        Ok(t) => {
+                            out.push((i, t.bytes));
+                            continue;
+                        }
+                        // SAFETY: this function's contract.
+                        Err(_) => unsafe { e.write_device_ptr(sink, r.ptr, r.len, r.file_offset) },
+                    }
+                }
             }?;
             out.push((i, report.bytes));
         }
@@ -1083,14 +1456,13 @@ fn submit(
                     .checked_add(len)
                     .is_some_and(|end| end <= a.start + a.size)
         });
-        let place = match known {
-            _ if len == 0 => Place::Host,
-            Some(a) if cuda => Place::Cuda(a.ordinal),
+        let (place, alloc) = match known {
+            _ if len == 0 => (Place::Host, None),
+            Some(a) if cuda => (Place::Cuda(a.ordinal), Some(*a)),
             _ if cuda => {
                 let a = device_allocation(ptr, len)?;
-                let place = Place::Cuda(a.ordinal);
                 allocs.push(a);
-                place
+                (Place::Cuda(a.ordinal), Some(a))
             }
             _ => Place::of(false, ptr, len)?,
         };
@@ -1107,6 +1479,8 @@ fn submit(
         reqs.push(Request {
             src: f.src.clone(),
             sink,
+            direct: f.direct.clone(),
+            alloc,
             file_offset,
             ptr,
             len,
@@ -1187,6 +1561,15 @@ fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("direct_bytes", s.direct_bytes)?;
     d.set_item("buffered_bytes", s.buffered_bytes)?;
     d.set_item("mapped_bytes", s.mapped_bytes)?;
+    d.set_item("module_transfers", MODULE_TRANSFERS.load(Ordering::Relaxed))?;
+    d.set_item("module_bytes", MODULE_BYTES.load(Ordering::Relaxed))?;
+    d.set_item(
+        "module",
+        match module() {
+            Ok(_) => "available",
+            Err(why) => why.name(),
+        },
+    )?;
     Ok(d)
 }
 

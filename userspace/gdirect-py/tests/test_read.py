@@ -33,6 +33,10 @@ def test_a_bytearray_gets_the_whole_file(data_file):
     dest = poisoned(SIZE)
     r = gdirect.File(path).read(dest)
     assert (r.bytes, r.eof, r.engine, r.memory) == (SIZE, False, "compat", "host")
+    # Host memory is the compat engine's (O_DIRECT into it needs no module): the reason says
+    # so where a module is loaded, else why there is none.
+    assert r.reason in ("host_memory", "no_module", "no_access", "no_provider"), r.reason
+    assert (r.path, r.module_bytes) == ("bounce", 0)
     assert r.direct_bytes + r.buffered_bytes + r.mapped_bytes == SIZE
     assert bytes(dest) == data
 

@@ -276,6 +276,9 @@ pub enum CompatReason {
     /// The CUDA driver says no third-party device may reach the memory
     /// (`CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE` is 0), so the module is not asked.
     NotRdmaCapable,
+    /// The memory comes from a stream-ordered pool (`cudaMallocAsync`): its free returns it to
+    /// the pool, never revoking a registration, so none is kept for it.
+    PoolMemory,
 }
 
 impl Engine {
@@ -324,6 +327,7 @@ impl CompatReason {
             Self::Requested => "requested",
             Self::BelowThreshold => "below_threshold",
             Self::NotRdmaCapable => "not_rdma_capable",
+            Self::PoolMemory => "pool_memory",
         }
     }
 
@@ -357,6 +361,9 @@ impl CompatReason {
             Self::BelowThreshold => "the transfer is smaller than GDIRECT_DIRECT_THRESHOLD".into(),
             Self::NotRdmaCapable => "the CUDA driver says no third-party device may reach this \
                  memory (it is not GPUDirect RDMA capable)"
+                .into(),
+            Self::PoolMemory => "the memory comes from a stream-ordered pool (cudaMallocAsync), \
+                 whose free never revokes a registration"
                 .into(),
         }
     }

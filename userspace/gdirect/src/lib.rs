@@ -37,6 +37,7 @@
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod cache;
 pub mod compat;
 mod driver;
 mod error;
@@ -62,6 +63,7 @@ mod sysfs;
 #[path = "../../../kernel/path.rs"]
 mod kernel_path;
 
+pub use cache::{DirectCache, Routed};
 pub use driver::{Driver, Info, Provider, Version, ABI_VERSION, DEFAULT_DEVICE_PATH};
 pub use error::{CudaError, Errno, Error, ErrorKind, Result};
 pub use io::{

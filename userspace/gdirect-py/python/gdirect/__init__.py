@@ -64,12 +64,21 @@ async def _await_future(f: Future) -> Any:
 class Report:
     """What a read or a write did.
 
-    ``engine`` is ``"compat"`` (the library's engine, through host memory) or ``"module"``
-    (the kernel module); ``reason`` says why the module did not move the bytes: ``no_module``,
+    GPU memory goes through the path the Rust library's ``GpuReader`` takes: the kernel module
+    where it serves (each CUDA allocation registered once, at its first transfer, and kept
+    until the driver frees it), the library's compat engine otherwise. ``engine`` is
+    ``"module"`` or ``"compat"`` (through host memory). For the module, ``path`` is ``"p2p"``
+    or ``"bounce"`` and ``reason`` the module's reason for a bounce (``"none"`` for p2p). For
+    the compat engine, ``reason`` says why the module did not move the bytes: ``no_module``,
     ``no_access`` (``/dev/gdirect`` not openable by this process), ``incompatible`` (another
-    ABI version), ``no_provider`` (no NVIDIA driver with nv-p2p), ``unavailable``, or
-    ``module_not_used_from_python`` (this version of the package reads through the compat
-    engine only). ``memory`` is ``"host"`` or ``"cuda:N"``.
+    ABI version), ``no_provider`` (no NVIDIA driver with nv-p2p), ``unavailable``,
+    ``requested`` (``GDIRECT_COMPAT_MODE=on``), ``below_threshold``
+    (``GDIRECT_DIRECT_THRESHOLD``), ``unaligned`` (the file has no ``O_DIRECT``, or offsets
+    the drive's block size does not divide), ``refused`` (the module refused the memory),
+    ``pool_memory`` (from a stream-ordered pool: ``cudaMallocAsync``), ``not_rdma_capable``
+    (the CUDA driver says no peer may reach it), or for host memory ``host_memory`` (the
+    compat engine reads and writes it with ``O_DIRECT`` itself). ``memory`` is ``"host"`` or
+    ``"cuda:N"``; ``module_bytes`` the bytes the module moved.
     """
 
     bytes: int
@@ -82,6 +91,8 @@ class Report:
     mapped_bytes: int
     threads: int
     seconds: float
+    path: str = "bounce"
+    module_bytes: int = 0
 
 
 @dataclasses.dataclass
@@ -577,9 +588,11 @@ def configure(
     pinned staging bytes per worker (default: twice the task size given here, else the
     environment's), bytes of page-cache registrations kept between reads (``mapped``), and the
     largest piece a worker claims at once. ``None`` keeps the environment's value or the
-    default; a value that cannot be used raises ``ValueError``. (The Rust library's
-    ``direct_threshold`` and ``latencies`` do not apply here: the package does not use the
-    module yet, and its reports carry no per-I/O latencies.)"""
+    default; a value that cannot be used raises ``ValueError``. Whether the kernel module is
+    used is the environment's, read once per process as the Rust library reads it:
+    ``GDIRECT_COMPAT_MODE`` (``auto``, ``on``: never the module, ``off``: the module or an
+    error) and ``GDIRECT_DIRECT_THRESHOLD`` (smaller transfers skip the module in ``auto``).
+    (The library's ``latencies`` do not apply: reports carry no per-I/O latencies.)"""
     sizes = {"threads": threads, "task_size": task_size, "staging_size": staging_size,
              "keep_mapped": keep_mapped, "max_piece": max_piece}
     n = {k: None if v is None else _index(k, v) for k, v in sizes.items()}
@@ -596,7 +609,9 @@ def stats() -> dict:
     """What this process's engines have read so far, all engines together: ``reads`` (calls),
     ``errors`` (calls that failed), ``bytes``, and of them ``direct_bytes`` (``O_DIRECT``),
     ``buffered_bytes`` (through the page cache) and ``mapped_bytes`` (copied by the GPU from the
-    registered page cache)."""
+    registered page cache); ``module_transfers`` and ``module_bytes``, what the kernel module
+    moved for GPU memory; ``module``, ``"available"`` or why the module serves this process
+    nothing (a ``Report`` reason: ``no_module``...)."""
     return dict(_native.stats())
 
 

@@ -243,6 +243,13 @@ impl CudaBackend {
         self
     }
 
+    /// Waits for all work queued on the context, on any stream, from any thread (the context
+    /// is made current for the wait and the thread left as it was): `cuCtxSynchronize`.
+    pub fn synchronize_all(&self) -> Result<()> {
+        let _entered = super::Backend::enter_thread(self)?;
+        self.synchronize()
+    }
+
     /// Waits for all work queued on the context (its current thread must have it current).
     pub(crate) fn synchronize(&self) -> Result<()> {
         // SAFETY: no arguments; the caller made the context current.
