@@ -26,7 +26,7 @@ import concurrent.futures
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
 
 from . import File, _native, _target
 
@@ -77,9 +77,9 @@ class SafetensorsError(ValueError):
     together (with the file and what is wrong)."""
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    """One tensor of a file: its dtype, shape, and bytes ``[start, end)`` of the data section."""
+class TensorInfo(NamedTuple):
+    """One tensor of a file: its dtype, shape, and bytes ``[start, end)`` of the data section.
+    (A named tuple: a checkpoint has tens of thousands of them, made while it loads.)"""
 
     name: str
     dtype: str
@@ -150,40 +150,40 @@ def _parse_header(f: File) -> Header:
         raise _bad(path, f"__metadata__ {meta!r:.60} is not a map of strings to strings")
     data_len = size - 8 - n
     tensors = []
+    append = tensors.append
     for name, info in header.items():
-        if not isinstance(info, dict):
-            raise _bad(path, f"tensor {name!r}: not an object")
+        if type(info) is not dict:
+            if not isinstance(info, dict):
+                raise _bad(path, f"tensor {name!r}: not an object")
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        bits = DTYPE_BITS.get(dtype) if type(dtype) is str else None
+        if bits is None:
             raise _bad(path, f"tensor {name!r}: unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(
-            type(d) is int and d >= 0 for d in shape
-        ):
+        if type(shape) is not list:
             raise _bad(path, f"tensor {name!r}: shape {shape!r} is not a list of sizes")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(type(o) is int for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1]
-        ):
-            raise _bad(path, f"tensor {name!r}: data_offsets {offsets!r} are not [begin, end]")
         numel = 1
         for d in shape:
+            if type(d) is not int or d < 0:
+                raise _bad(path, f"tensor {name!r}: shape {shape!r} is not a list of sizes")
             numel *= d
-        bits = numel * DTYPE_BITS[dtype]
+        if type(offsets) is not list or len(offsets) != 2:
+            raise _bad(path, f"tensor {name!r}: data_offsets {offsets!r} are not [begin, end]")
+        start, end = offsets
+        if type(start) is not int or type(end) is not int or not 0 <= start <= end:
+            raise _bad(path, f"tensor {name!r}: data_offsets {offsets!r} are not [begin, end]")
+        bits *= numel
         if bits % 8:
             raise _bad(
                 path,
                 f"tensor {name!r}: {dtype}{shape} is {bits} bits, not a whole number of bytes",
             )
-        start, end = offsets
         if end - start != bits // 8:
             raise _bad(
                 path,
                 f"tensor {name!r}: {dtype}{shape} is {bits // 8} bytes, "
                 f"its offsets span {end - start}",
             )
-        tensors.append(TensorInfo(name, dtype, tuple(shape), start, end))
+        append(TensorInfo(name, dtype, tuple(shape), start, end))
     # The data section is the tensors end to end from its first byte, in offset order: no
     # gap, no overlap, nothing after the last (safetensors' Metadata::validate and its check
     # that the buffer is fully covered).
@@ -314,6 +314,41 @@ class _Pt:
         out.view(-1).view(self.torch.uint8).copy_(raw)
         return out
 
+    def views(self, path: str, blob, placed: List[Tuple[TensorInfo, int]], out: Dict[str, Any]):
+        """Every tensor of ``placed`` (each at its byte offset in ``blob``, which its dtype's
+        size divides: ``_layout``) as a view of ``blob``, into ``out``: one ``as_strided`` of
+        a typed view of the whole buffer each (made once per dtype), the fewest calls into
+        torch per tensor."""
+        typed: Dict[str, Any] = {}
+        n = blob.numel()
+        for t, off in placed:
+            size = DTYPE_SIZES.get(t.dtype)
+            if size is None or t.start == t.end or t.dtype == "F4":
+                out[t.name] = self.view(path, blob, TensorInfo(t.name, t.dtype, t.shape, off,
+                                                               off + t.end - t.start))
+                continue
+            tv = typed.get(t.dtype)
+            if tv is None:
+                tv = typed[t.dtype] = blob[: n - n % size].view(self.dtype(path, t))
+            shape = t.shape
+            out[t.name] = tv.as_strided(shape, _STRIDES.get(shape) or _strides(shape),
+                                        off // size)
+
+
+# Contiguous strides of the shapes met so far (a checkpoint repeats a few shapes many times).
+_STRIDES: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
+
+
+def _strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    acc, out = 1, []
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    st = tuple(reversed(out))
+    if len(_STRIDES) < 4096:
+        _STRIDES[shape] = st
+    return st
+
 
 class _Np:
     def __init__(self, kind: str, ordinal: int, cupy: bool):
@@ -362,6 +397,12 @@ class _Np:
         if t.start % dt.itemsize != 0:
             raw = raw.copy()
         return raw.view(dt).reshape(t.shape)
+
+    def views(self, path: str, blob, placed: List[Tuple[TensorInfo, int]], out: Dict[str, Any]):
+        """Every tensor of ``placed`` as a view of ``blob`` (see ``_Pt.views``)."""
+        for t, off in placed:
+            out[t.name] = self.view(path, blob, TensorInfo(t.name, t.dtype, t.shape, off,
+                                                           off + t.end - t.start))
 
 
 def _backend(framework: Optional[str], device: Any):
@@ -483,30 +524,61 @@ def _runs(headers: List[Header], place: Dict[str, Device]) -> List[_Run]:
     return runs
 
 
-def _read_runs(backends: Dict[Device, Any], runs: List[_Run], files: Dict[str, File]) -> List[Any]:
-    """Reads every run into a buffer of its own on its device, from ``files`` (the open files
-    whose headers were parsed): one call of the engine per device (whose workers take the runs'
-    pieces in turn), the devices at once, each on a thread of its own (the engine releases the
-    GIL). Returns the buffers, in the order of ``runs``."""
-    blobs = [backends[r.device].buffer(r.end - r.start) for r in runs]
+def _layout(run: _Run) -> Tuple[int, List[Tuple[int, int, int]], List[Tuple[TensorInfo, int]]]:
+    """Where the run's tensors go in its buffer: each at an offset its dtype's size divides, so
+    that every one is a view of the buffer, never a copy (safetensors' own writer keeps that
+    alignment in the file, other writers do not), and the file's bytes kept in one piece as
+    long as their alignment allows. Returns the buffer's size, the reads that fill it
+    (file offset in the data section, buffer offset, length) and each tensor's buffer offset."""
+    segs: List[Tuple[int, int, int]] = []
+    placed: List[Tuple[TensorInfo, int]] = []
+    shift = None  # buffer offset less data offset, in the current piece
+    end = 0  # the buffer's bytes so far
+    seg_file = seg_buf = 0
+    for t in run.tensors:
+        size = DTYPE_SIZES.get(t.dtype, 1)
+        if shift is None or (t.start + shift) % size:
+            if shift is not None:
+                segs.append((seg_file, seg_buf, end - seg_buf))
+            seg_buf = -(-end // size) * size
+            seg_file = t.start
+            shift = seg_buf - t.start
+        off = t.start + shift
+        placed.append((t, off))
+        end = off + t.end - t.start
+    if shift is not None:
+        segs.append((seg_file, seg_buf, end - seg_buf))
+    return end, segs, placed
+
+
+def _read_runs(backends: Dict[Device, Any], runs: List[_Run], files: Dict[str, File]
+               ) -> List[Tuple[Any, List[Tuple[TensorInfo, int]]]]:
+    """Reads every run into a buffer of its own on its device (laid out by ``_layout``), from
+    ``files`` (the open files whose headers were parsed): one call of the engine per device
+    (whose workers take the runs' pieces in turn), the devices at once, each on a thread of
+    its own (the engine releases the GIL). Returns each run's buffer and its tensors' offsets
+    in it, in the order of ``runs``."""
+    layouts = [_layout(r) for r in runs]
+    blobs = [backends[r.device].buffer(size) for r, (size, _, _) in zip(runs, layouts)]
     groups: Dict[Device, List[int]] = {}
     for i, r in enumerate(runs):
         groups.setdefault(r.device, []).append(i)
 
     def read(device: Device, idx: List[int]) -> None:
-        targets = [_target(blobs[i]) for i in idx]
-        reads = [
-            (files[runs[i].header.path]._f, t.ptr, runs[i].end - runs[i].start,
-             runs[i].header.data_start + runs[i].start)
-            for i, t in zip(idx, targets)
-        ]
+        reads, whose = [], []
+        for i in idx:
+            ptr = _target(blobs[i]).ptr
+            f = files[runs[i].header.path]._f
+            data = runs[i].header.data_start
+            for file_off, buf_off, n in layouts[i][1]:
+                reads.append((f, ptr + buf_off, n, data + file_off))
+                whose.append((i, file_off, n))
         _, each = _native.read_many(reads, device[0] == "cuda")
-        for i, (got, _eof) in zip(idx, each):
-            want = runs[i].end - runs[i].start
+        for (i, file_off, want), (got, _eof) in zip(whose, each):
             if got != want:
                 raise _bad(
                     runs[i].header.path,
-                    f"truncated: {got} of {want} data bytes at {runs[i].start} could be read",
+                    f"truncated: {got} of {want} data bytes at {file_off} could be read",
                 )
 
     if len(groups) <= 1:
@@ -519,7 +591,7 @@ def _read_runs(backends: Dict[Device, Any], runs: List[_Run], files: Dict[str, F
             futures = [pool.submit(read, d, idx) for d, idx in groups.items()]
         for f in futures:
             f.result()
-    return blobs
+    return [(blob, placed) for blob, (_, _, placed) in zip(blobs, layouts)]
 
 
 def load(
@@ -557,13 +629,8 @@ def load(
     runs = _runs(headers, place)
     blobs = _read_runs(backends, runs, {h.path: f for h, f in zip(headers, opened.values())})
     views: Dict[str, Any] = {}
-    for r, blob in zip(runs, blobs):
-        b = backends[r.device]
-        for t in r.tensors:
-            views[t.name] = b.view(
-                r.header.path, blob,
-                TensorInfo(t.name, t.dtype, t.shape, t.start - r.start, t.end - r.start),
-            )
+    for r, (blob, placed) in zip(runs, blobs):
+        backends[r.device].views(r.header.path, blob, placed, views)
     del blobs
     out: Dict[str, Any] = {}
     for h in headers:
