@@ -53,7 +53,7 @@
 //! | put_pages from another process than get_pages's (or a kworker) puts nothing, returns 0 | `RmP2PGetInfoWithoutToken` (`osGetCurrentProcess()`) |
 //! | dma_unmap of a mapping no longer listed returns 0 | `nvidia_p2p_dma_unmap_pages` |
 //! | dma_map allows every peer (no P2PDMA switch rules) and maps each page with `dma_map_resource` | `rm_p2p_dma_map_pages`: `nv_grdma_pci_topology_supported`, `nv_dma_map_peer` -> `nv_dma_map_mmio` |
-//! | free_page_table and free_dma_mapping do nothing | `nvidia_p2p_free_page_table`, `nvidia_p2p_free_dma_mapping` |
+//! | free_page_table and free_dma_mapping do nothing (the emulator counts who calls free_page_table: the callback of a still-linked table, or anyone else) | `nvidia_p2p_free_page_table`, `nvidia_p2p_free_dma_mapping` |
 //! | persistent mappings keep freed memory until put | `rm_p2p_put_pages_persistent` |
 //! | an allocation's 64 KiB pages are wherever the memory manager put them, not one run of the BAR; each page-table entry is its own page's address | `nv_p2p_get_pages`: one `physical_address` per entry from RM's page list |
 //! | a page table maps its range into BAR1, which is finite (`bar1_mib=`), sharing what earlier tables of the same memory mapped: a full aperture fails get_pages with `-ENOMEM` | `RmThirdPartyP2PBAR1GetPages` (`gpu/bus/p2p.c`) -> NV_ERR_INSUFFICIENT_RESOURCES -> `nvidia_p2p_map_status` |
@@ -460,6 +460,12 @@ struct Egpu {
     /// put_pages calls from another process than the one that got the pages (returned 0,
     /// put nothing).
     puts_foreign: Atomic<u64>,
+    /// The page table whose client's free callback runs now (null: none). Callbacks run one
+    /// at a time, under the API lock.
+    in_callback: Atomic<usize>,
+    /// free_page_table calls from a callback on its own, still linked table; and the others.
+    callback_frees: Atomic<u64>,
+    stray_frees: Atomic<u64>,
     #[pin]
     inner: Mutex<Inner>,
 }
@@ -693,9 +699,11 @@ impl Egpu {
         for r in revoke {
             if let Some(callback) = r.callback {
                 let start = kernel::time::Instant::<kernel::time::Monotonic>::now();
+                self.in_callback.store(r.table as usize, Relaxed);
                 // SAFETY: the callback and its data were given to `nvidia_p2p_get_pages` for
                 // this page table, which stays linked and valid until after it returns.
                 unsafe { callback(r.data) };
+                self.in_callback.store(0, Relaxed);
                 callback_ns += start.elapsed().as_nanos().max(0) as u64;
                 self.callbacks.fetch_add(1, Relaxed);
             }
@@ -951,6 +959,9 @@ impl pci::Driver for EgpuDriver {
                     callbacks: Atomic::new(0),
                     puts_unlinked: Atomic::new(0),
                     puts_foreign: Atomic::new(0),
+                    in_callback: Atomic::new(0),
+                    callback_frees: Atomic::new(0),
+                    stray_frees: Atomic::new(0),
                     inner <- new_mutex!(Inner {
                         used: KVec::from_elem(false, pages, GFP_KERNEL)?,
                         freed: KVec::from_elem(false, pages, GFP_KERNEL)?,
@@ -1023,10 +1034,12 @@ struct InfoArgs {
     pad: u32,
     bar1_size: u64,
     bar1_used: u64,
+    callback_frees: u64,
+    stray_frees: u64,
 }
 kernel::static_assert!(core::mem::size_of::<AllocArgs>() == 32);
 kernel::static_assert!(core::mem::size_of::<FreeArgs>() == 32);
-kernel::static_assert!(core::mem::size_of::<InfoArgs>() == 80);
+kernel::static_assert!(core::mem::size_of::<InfoArgs>() == 96);
 // SAFETY: `repr(C)` integer-only structs without padding (sizes checked above).
 unsafe impl FromBytes for AllocArgs {}
 // SAFETY: as above.
@@ -1181,6 +1194,8 @@ impl MiscDevice for EgpuFile {
                         bar1_mib << 20
                     },
                     bar1_used: inner.bar1_used,
+                    callback_frees: egpu.callback_frees.load(Relaxed),
+                    stray_frees: egpu.stray_frees.load(Relaxed),
                 };
                 drop(inner);
                 user.writer().write(&info)?;
@@ -1583,6 +1598,19 @@ pub(crate) extern "C" fn nvidia_p2p_dma_unmap_pages(
 pub(crate) extern "C" fn nvidia_p2p_free_page_table(page_table: PageTablePtr) -> i32 {
     if page_table.is_null() {
         return EINVAL.to_errno();
+    }
+    // What it does is nothing; who calls it, and when, is recorded: from the free callback of
+    // this very table, while the free path still has it linked (it unlinks it after the
+    // callback returns), or anywhere else.
+    if let Ok(egpu) = device() {
+        let ours = egpu.in_callback.load(Relaxed) == page_table as usize
+            && Egpu::find_mapping_locked(&egpu.inner.lock(), page_table).is_some();
+        let counter = if ours {
+            &egpu.callback_frees
+        } else {
+            &egpu.stray_frees
+        };
+        counter.fetch_add(1, Relaxed);
     }
     0
 }

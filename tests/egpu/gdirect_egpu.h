@@ -119,6 +119,14 @@ struct egpu_info_args {
 	__u32 pad;
 	__u64 bar1_size; /* the emulated BAR1 aperture */
 	__u64 bar1_used; /* bytes of it that handed-out page tables map */
+	/*
+	 * nvidia_p2p_free_page_table calls from a client's free callback, on the table that
+	 * callback is about, while that table was still linked: nv-p2p's rule (the callback
+	 * hands its table back with this function, never with put_pages)
+	 */
+	__u64 callback_frees;
+	/* nvidia_p2p_free_page_table calls anywhere else: outside a callback, another table */
+	__u64 stray_frees;
 };
 
 #define EGPU_IOC_ALLOC _IOWR(EGPU_IOC_MAGIC, 0x00, struct egpu_alloc_args)

@@ -1158,7 +1158,7 @@ fn query_privilege(peer: PciAddress, undriven: PciAddress) -> gdirect::Result<()
 fn egpu_info() -> gdirect::Result<()> {
     let info = Egpu::open()?.info()?;
     println!(
-        "allocations={} mappings={} callbacks={} bar_bus_addr={:#x} bar_len={} free_bytes={} kept={} bar1_size={} bar1_used={}",
+        "allocations={} mappings={} callbacks={} bar_bus_addr={:#x} bar_len={} free_bytes={} kept={} bar1_size={} bar1_used={} callback_frees={} stray_frees={}",
         info.allocations,
         info.mappings,
         info.callbacks,
@@ -1167,7 +1167,9 @@ fn egpu_info() -> gdirect::Result<()> {
         info.free_bytes,
         info.kept,
         info.bar1_size,
-        info.bar1_used
+        info.bar1_used,
+        info.callback_frees,
+        info.stray_frees
     );
     Ok(())
 }

@@ -104,6 +104,11 @@ pub struct EgpuInfo {
     pub bar1_size: u64,
     /// The part of BAR1 the handed-out page tables map.
     pub bar1_used: u64,
+    /// `nvidia_p2p_free_page_table` calls from a client's free callback on its own page
+    /// table, while the free path still had it linked (nv-p2p's rule for a callback).
+    pub callback_frees: u64,
+    /// `nvidia_p2p_free_page_table` calls anywhere else.
+    pub stray_frees: u64,
 }
 
 /// What freeing an allocation did to its registrations.
@@ -194,6 +199,8 @@ impl Egpu {
             kept: args.kept,
             bar1_size: args.bar1_size,
             bar1_used: args.bar1_used,
+            callback_frees: args.callback_frees,
+            stray_frees: args.stray_frees,
         })
     }
 

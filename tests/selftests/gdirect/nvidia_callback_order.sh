@@ -1,0 +1,76 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# The order of a free, as nvidia.ko runs it (nv_p2p_mem_info_free_callback): the client's free
+# callback first, its page table still linked, then the unlink. The module's callback hands
+# its table back the one way nv-p2p allows there, nvidia_p2p_free_page_table (never
+# put_pages), and does so while the table is still linked: the emulated GPU counts each
+# free_page_table call by who made it (the callback of that very table, the table linked, or
+# anyone else), so the evidence is the emulator's, not the module's. Frees of single
+# registrations, a persistent registration (no callback, no free of its table), frees racing
+# the registrations' own ends (the delay knob of nvidia_put_race) and frees run by a kernel
+# worker under the driver's lock (nvidia_callback_locked's) each give one callback free per
+# callback and no other; then nothing is held. (nvidia_p2p_dma_unmap_pages from a callback,
+# which nv-p2p allows and the emulator serves, has no counterpart in the module: it maps
+# peers itself, never with nvidia_p2p_dma_map_pages.)
+
+. "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+
+trap _unload_all EXIT
+
+_require_root
+_require_cmd gdirect-reg
+_load_all || ktap_exit_fail_msg "cannot load the modules"
+nvme0=$(_nvme_bdf_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
+slow=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL" 4) || ktap_exit_fail_msg "no namespace 4 of $GDIRECT_NVME0_SERIAL"
+
+ktap_print_header
+ktap_set_plan 5
+
+# "callbacks callback_frees stray_frees" of the emulated GPU now.
+counts() {
+	s=$(_egpu_state) || return 1
+	echo "$(_kv "$s" callbacks) $(_kv "$s" callback_frees) $(_kv "$s" stray_frees)"
+}
+# The change of those three since $1 ("callbacks callback_frees stray_frees").
+since() {
+	set -- $1 $(counts)
+	echo "$(($4 - $1)) $(($5 - $2)) $(($6 - $3))"
+}
+
+base=$(counts) || ktap_exit_fail_msg "the emulated GPU does not answer"
+out=$(gdirect-reg revoke "$nvme0")
+ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
+_test "a free: one callback, which freed its own table while it was still linked" \
+	_expect_eq "callbacks callback_frees stray_frees" "1 1 0" "$(since "$base")"
+
+base=$(counts)
+out=$(gdirect-reg revoke "$nvme0" persistent)
+ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
+_test "a persistent registration's free: no callback, no table freed" \
+	_expect_eq "callbacks callback_frees stray_frees" "0 0 0" "$(since "$base")"
+
+base=$(counts)
+out=$(gdirect-reg put-race 40 "$nvme0" "$slow" 2>&1)
+rc=$?
+ktap_print_msg "$(echo "$out" | tail -n 2 | tr '\n' ' ')"
+race() {
+	set -- $(since "$base")
+	_expect_eq "exit status" 0 "$rc" && _expect_ge callbacks 1 "$1" &&
+		_expect_eq "callback_frees stray_frees" "$1 0" "$2 $3"
+}
+_test "frees racing the registrations' ends: one callback free per callback, none other" race
+
+base=$(counts)
+out=$(gdirect-reg callback-locked 10 "$nvme0" "$slow" 2>&1)
+rc=$?
+ktap_print_msg "$(echo "$out" | tail -n 2 | tr '\n' ' ')"
+locked() {
+	set -- $(since "$base")
+	_expect_eq "exit status" 0 "$rc" && _expect_eq callbacks 10 "$1" &&
+		_expect_eq "callback_frees stray_frees" "10 0" "$2 $3"
+}
+_test "frees under the driver's lock, half from a kernel worker: the same" locked
+_test "nothing is left" _expect_unpinned
+
+ktap_finished
