@@ -50,27 +50,28 @@ ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
 _test "a persistent registration's free: no callback, no table freed" \
 	_expect_eq "callbacks callback_frees stray_frees" "0 0 0" "$(since "$base")"
 
+# The tool's exit status, and since $base: at least $1 callbacks (exactly $1 when $2 is
+# "exact"), each with its callback free, and no other free.
+freed_by_callbacks() {
+	set -- "$1" "$2" $(since "$base")
+	_expect_eq "exit status" 0 "$rc" && _expect_ge callbacks "$1" "$3" &&
+		{ [ "$2" != exact ] || _expect_eq callbacks "$1" "$3"; } &&
+		_expect_eq "callback_frees stray_frees" "$3 0" "$4 $5"
+}
+
 base=$(counts)
 out=$(gdirect-reg put-race 40 "$nvme0" "$slow" 2>&1)
 rc=$?
 ktap_print_msg "$(echo "$out" | tail -n 2 | tr '\n' ' ')"
-race() {
-	set -- $(since "$base")
-	_expect_eq "exit status" 0 "$rc" && _expect_ge callbacks 1 "$1" &&
-		_expect_eq "callback_frees stray_frees" "$1 0" "$2 $3"
-}
-_test "frees racing the registrations' ends: one callback free per callback, none other" race
+_test "frees racing the registrations' ends: one callback free per callback, none other" \
+	freed_by_callbacks 1 some
 
 base=$(counts)
 out=$(gdirect-reg callback-locked 10 "$nvme0" "$slow" 2>&1)
 rc=$?
 ktap_print_msg "$(echo "$out" | tail -n 2 | tr '\n' ' ')"
-locked() {
-	set -- $(since "$base")
-	_expect_eq "exit status" 0 "$rc" && _expect_eq callbacks 10 "$1" &&
-		_expect_eq "callback_frees stray_frees" "10 0" "$2 $3"
-}
-_test "frees under the driver's lock, half from a kernel worker: the same" locked
+_test "frees under the driver's lock, half from a kernel worker: the same" \
+	freed_by_callbacks 10 exact
 _test "nothing is left" _expect_unpinned
 
 ktap_finished

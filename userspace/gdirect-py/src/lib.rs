@@ -301,17 +301,11 @@ fn module_report<'py>(
     memory: &str,
     seconds: f64,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
+    let d = report(py, &Default::default(), memory, t.reason.name(), seconds)?;
     d.set_item("bytes", t.bytes)?;
     d.set_item("eof", t.eof)?;
     d.set_item("engine", "module")?;
-    d.set_item("reason", t.reason.name())?;
-    d.set_item("memory", memory)?;
-    d.set_item("direct_bytes", 0u64)?;
-    d.set_item("buffered_bytes", 0u64)?;
-    d.set_item("mapped_bytes", 0u64)?;
     d.set_item("threads", 1)?;
-    d.set_item("seconds", seconds)?;
     d.set_item("path", t.path.name())?;
     d.set_item("module_bytes", t.bytes)?;
     Ok(d)
