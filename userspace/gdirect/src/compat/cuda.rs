@@ -86,7 +86,8 @@ pub struct DeviceAllocation {
 
 impl DeviceAllocation {
     /// The allocation of device memory that holds `ptr`, as the driver knows it
-    /// (`cuPointerGetAttribute`): an error for host memory, or an address no allocation holds.
+    /// (`cuPointerGetAttributes`, one call): an error for host memory, or an address no
+    /// allocation holds.
     pub fn of(ptr: u64) -> Result<Self> {
         if !driver_present() {
             return Err(Error::Cuda {
@@ -94,40 +95,45 @@ impl DeviceAllocation {
                 error: "libcuda.so was not found: is the NVIDIA driver installed?".into(),
             });
         }
-        cudarc::driver::result::init().map_err(|e| cuda_err("initialisation", e))?;
-        let attr = |a: sys::CUpointer_attribute, out: *mut c_void| {
-            // SAFETY: `out` points to a value of the attribute's type (an unsigned int for the
-            // memory type, an int for the ordinal, a device pointer for the start, a size_t).
-            cuda("pointer query", unsafe {
-                sys::cuPointerGetAttribute(out, a, ptr)
-            })
-        };
+        // Once: every request asks this (cuInit takes the driver's lock each time).
+        static INIT: std::sync::OnceLock<std::result::Result<(), DriverError>> =
+            std::sync::OnceLock::new();
+        (*INIT.get_or_init(cudarc::driver::result::init))
+            .map_err(|e| cuda_err("initialisation", e))?;
         let mut mem_type: u32 = 0;
-        attr(
+        let mut ordinal: i32 = -1;
+        let mut start: CUdeviceptr = 0;
+        let mut size: usize = 0;
+        let mut attrs = [
             sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        ];
+        let mut data: [*mut c_void; 4] = [
             (&raw mut mem_type).cast(),
-        )?;
+            (&raw mut ordinal).cast(),
+            (&raw mut start).cast(),
+            (&raw mut size).cast(),
+        ];
+        // SAFETY: one call for the four attributes: each `data` entry points to a value of its
+        // attribute's type (an unsigned int for the memory type, an int for the ordinal, a
+        // device pointer for the start, a size_t). A pointer the driver does not know leaves
+        // them at their defaults (memory type 0), refused below.
+        cuda("pointer query", unsafe {
+            sys::cuPointerGetAttributes(
+                attrs.len() as u32,
+                attrs.as_mut_ptr(),
+                data.as_mut_ptr(),
+                ptr,
+            )
+        })?;
         if mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
             return Err(Error::Cuda {
                 what: "pointer query",
                 error: format!("{ptr:#x} is not device memory (memory type {mem_type})"),
             });
         }
-        let mut ordinal: i32 = -1;
-        attr(
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            (&raw mut ordinal).cast(),
-        )?;
-        let mut start: CUdeviceptr = 0;
-        attr(
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-            (&raw mut start).cast(),
-        )?;
-        let mut size: usize = 0;
-        attr(
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-            (&raw mut size).cast(),
-        )?;
         Ok(Self {
             ordinal: usize::try_from(ordinal).map_err(|_| Error::Cuda {
                 what: "pointer query",
