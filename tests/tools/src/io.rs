@@ -878,7 +878,7 @@ fn random(count: u64, seed: u64, devs: &[String]) -> gdirect::Result<()> {
         .map(|d| Ok((File::open_direct(d)?, size_of(d)?, d)))
         .collect::<gdirect::Result<_>>()?;
     let mut rng = Rng(seed | 1);
-    let (mut bytes, mut p2p, mut bounce, mut eofs) = (0, 0, 0, 0);
+    let (mut bytes, mut p2p, mut bounce, mut eofs, mut p2p_bytes) = (0, 0, 0, 0, 0);
     let mut got = vec![0u8; BUF as usize];
     for i in 0..count {
         let (file, size, name) = &files[rng.below(files.len() as u64) as usize];
@@ -922,12 +922,15 @@ fn random(count: u64, seed: u64, devs: &[String]) -> gdirect::Result<()> {
         bytes += t.bytes;
         eofs += u64::from(t.eof);
         match t.path {
-            IoPath::P2p => p2p += 1,
+            IoPath::P2p => {
+                p2p += 1;
+                p2p_bytes += t.bytes;
+            }
             _ => bounce += 1,
         }
     }
     println!(
-        "reads={count} bytes={bytes} p2p={p2p} bounce={bounce} eof={eofs} bar_pages={}",
+        "reads={count} bytes={bytes} p2p={p2p} bounce={bounce} eof={eofs} p2p_bytes={p2p_bytes} bar_pages={}",
         alloc.bar_pages()?.len()
     );
     Ok(())
