@@ -5,7 +5,8 @@
 # files from regions of the raw namespace (bytes the host knows), and reads
 # them into GPU memory: a plain file, a sparse one (holes read as zeros) and one
 # that ends within a block (a short read at EOF, reported). The host compares
-# its /dev/shm file with its drive image and with zeros.
+# its /dev/shm file with its drive image and with zeros, and QEMU's trace of the
+# drive's DMA shows the data went into the GPU's BAR.
 
 mnt=/mnt/gdirect-$FS
 cleanup() {
@@ -22,7 +23,7 @@ raw=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDI
 MiB=1048576
 
 ktap_print_header
-ktap_set_plan 13
+ktap_set_plan 15
 
 _test "$FS made on $fsdev (a namespace of the switch NVMe) and mounted" _fs_make "$FS" "$fsdev" "$mnt"
 
@@ -39,13 +40,18 @@ _test "files written from the raw namespace" fill
 holes() { [ "$(stat -c %b "$mnt/sparse")" -lt $((4 * MiB / 512)) ]; }
 _test "the sparse file has holes ($(stat -c %b "$mnt/sparse") blocks of 512 for 4 MiB)" holes
 
-_test "plain: 4 MiB read into GPU memory" _gd_read "$mnt/plain" --mem egpu
+# Each read between two marks of QEMU's trace of the drives' DMA (the host's account).
+traced_read() { _dma_mark && _gd_read "$@" && _dma_since; }
+_test "plain: 4 MiB read into GPU memory" traced_read "$mnt/plain" --mem egpu
 _test "plain: peer to peer from the switch NVMe" _expect_eq path "p2p none" "$(_rj .path) $(_rj .reason)"
+_test "plain: QEMU's trace: the 4 MiB went into the GPU's BAR" _expect_eq bar_read $((4 * MiB)) "$DMA_BAR_READ"
 _test "plain: the host finds the raw bytes in GPU memory" \
 	_host_compare "gva:$(_rj .memory.address)" nvme0:$((2 * MiB)) $((4 * MiB))
 
-_test "sparse: 4 MiB read" _gd_read "$mnt/sparse" --mem egpu
+_test "sparse: 4 MiB read" traced_read "$mnt/sparse" --mem egpu
 _test "sparse: all 4 MiB, no EOF" _expect_eq "bytes eof" "$((4 * MiB)) false" "$(_rj .bytes) $(_rj .eof)"
+_test "sparse: QEMU's trace: its 2 MiB of data went into the BAR, the hole read no drive" \
+	_expect_eq bar_read $((2 * MiB)) "$DMA_BAR_READ"
 va=$(_rj .memory.address)
 sparse_ok() {
 	_host_compare "gva:$va" nvme0:$((8 * MiB)) $MiB &&
