@@ -24,14 +24,18 @@ use core::{
     ptr::NonNull, //
 };
 use kernel::{
-    bindings, new_condvar, new_mutex,
+    bindings, impl_has_work, new_condvar, new_mutex, new_work,
     prelude::*,
     sync::{
         Arc,
         CondVar,
         Mutex, //
     },
-    workqueue::Queue,
+    workqueue::{
+        Queue,
+        Work,
+        WorkItem, //
+    },
 };
 
 use crate::{
@@ -104,13 +108,48 @@ impl Drop for IoQueue {
     }
 }
 
+/// A job on the module's workqueue: a work item type of the module's own, so that its lockdep
+/// class (key and name) is the module's. The kernel crate's `Queue::try_spawn` gives every
+/// module that calls it one key, with each module's own copy of the class name: once two
+/// modules have used it in one boot, lockdep warns ("a different class with the same key"),
+/// and a kernel with `panic_on_warn` stops (the rig's debug kernel did, with the emulated GPU).
+#[pin_data]
+struct Job<F> {
+    #[pin]
+    work: Work<Job<F>>,
+    func: Option<F>,
+}
+
+impl_has_work! {
+    impl{F} HasWork<Self> for Job<F> { self.work }
+}
+
+impl<F: FnOnce() + Send + 'static> WorkItem for Job<F> {
+    type Pointer = Pin<KBox<Self>>;
+
+    fn run(mut this: Pin<KBox<Self>>) {
+        if let Some(func) = this.as_mut().project().func.take() {
+            func()
+        }
+    }
+}
+
 /// Queues `f` on the module's workqueue.
-fn spawn(f: impl FnOnce() + Send + 'static) -> Result {
+fn spawn<F: FnOnce() + Send + 'static>(f: F) -> Result {
     let queue = QUEUE.lock();
     let wq = queue.as_ref().ok_or(ENODEV)?;
     // SAFETY: the workqueue is valid while `QUEUE` holds it, and we hold `QUEUE`'s lock.
     let q = unsafe { Queue::from_raw(wq.0.as_ptr()) };
-    q.try_spawn(GFP_KERNEL_ACCOUNT, f).map_err(|_| ENOMEM)
+    let job = KBox::pin_init(
+        pin_init!(Job {
+            work <- new_work!("gdirect::batch"),
+            func: Some(f),
+        }),
+        GFP_KERNEL_ACCOUNT,
+    )
+    .map_err(|_| ENOMEM)?;
+    q.enqueue(job);
+    Ok(())
 }
 
 /// A registered eventfd, released when dropped.

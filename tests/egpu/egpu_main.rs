@@ -1081,6 +1081,30 @@ struct Freed {
     callback_ns: u64,
 }
 
+/// A work item of the emulator's own, with its own lockdep class: the kernel crate's
+/// `try_spawn` shares one class key among all modules that call it, each naming it with its
+/// own copy of the name, which lockdep reports once two modules use it.
+#[pin_data]
+struct FreeWork<F> {
+    #[pin]
+    work: kernel::workqueue::Work<FreeWork<F>>,
+    func: Option<F>,
+}
+
+kernel::impl_has_work! {
+    impl{F} HasWork<Self> for FreeWork<F> { self.work }
+}
+
+impl<F: FnOnce() + Send + 'static> kernel::workqueue::WorkItem for FreeWork<F> {
+    type Pointer = Pin<KBox<Self>>;
+
+    fn run(mut this: Pin<KBox<Self>>) {
+        if let Some(func) = this.as_mut().project().func.take() {
+            func()
+        }
+    }
+}
+
 /// Runs `free_and_revoke` on the system's unbound workqueue and waits for it.
 fn free_from_worker(egpu: Arc<Egpu>, owner: u64, va: u64, delay_us: u32) -> Result<Freed> {
     let job = Arc::pin_init(
@@ -1091,11 +1115,18 @@ fn free_from_worker(egpu: Arc<Egpu>, owner: u64, va: u64, delay_us: u32) -> Resu
         GFP_KERNEL,
     )?;
     let worker_job = job.clone();
-    kernel::workqueue::system_unbound().try_spawn(GFP_KERNEL, move || {
-        let r = egpu.free_and_revoke(owner, Some(va), delay_us);
-        *worker_job.result.lock() = Some(r);
-        worker_job.done.complete_all();
-    })?;
+    let work = KBox::pin_init(
+        pin_init!(FreeWork {
+            work <- kernel::new_work!("gdirect_egpu::free_from_worker"),
+            func: Some(move || {
+                let r = egpu.free_and_revoke(owner, Some(va), delay_us);
+                *worker_job.result.lock() = Some(r);
+                worker_job.done.complete_all();
+            }),
+        }),
+        GFP_KERNEL,
+    )?;
+    kernel::workqueue::system_unbound().enqueue(work);
     job.done.wait_for_completion();
     let r = job.result.lock().take();
     r.unwrap_or(Err(EINVAL))
