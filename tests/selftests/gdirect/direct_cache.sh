@@ -31,8 +31,8 @@ dd if="$dev0" of=/tmp/direct-cache-ref bs=1M count=13 2>/dev/null ||
 _dmesg_mark
 _dma_mark || ktap_exit_fail_msg "no DMA trace"
 out=$(gdirect-io direct-cache "$dev0" /tmp/direct-cache-ref)
-rm -f /tmp/direct-cache-ref
 rc=$?
+rm -f /tmp/direct-cache-ref
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
 _dma_since || ktap_exit_fail_msg "no DMA trace"
 # Two rounds of 1 MiB + 4 KiB + 3 MiB + 64 KiB.

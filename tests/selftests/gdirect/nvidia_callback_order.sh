@@ -40,15 +40,19 @@ since() {
 
 base=$(counts) || ktap_exit_fail_msg "the emulated GPU does not answer"
 out=$(gdirect-reg revoke "$nvme0")
+rc=$?
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
 _test "a free: one callback, which freed its own table while it was still linked" \
-	_expect_eq "callbacks callback_frees stray_frees" "1 1 0" "$(since "$base")"
+	_expect_eq "exit, the tool's callbacks; callbacks callback_frees stray_frees" "0 1; 1 1 0" \
+	"$rc $(_kv "$out" free_callbacks); $(since "$base")"
 
 base=$(counts)
 out=$(gdirect-reg revoke "$nvme0" persistent)
+rc=$?
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
 _test "a persistent registration's free: no callback, no table freed" \
-	_expect_eq "callbacks callback_frees stray_frees" "0 0 0" "$(since "$base")"
+	_expect_eq "exit, the tool's deferred frees; callbacks callback_frees stray_frees" "0 1; 0 0 0" \
+	"$rc $(_kv "$out" free_deferred); $(since "$base")"
 
 # The tool's exit status, and since $base: at least $1 callbacks (exactly $1 when $2 is
 # "exact"), each with its callback free, and no other free.

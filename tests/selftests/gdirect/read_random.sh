@@ -35,7 +35,11 @@ both() { [ "$(_kv "$(echo "$out" | tail -n 1)" p2p)" -gt 0 ] && [ "$(_kv "$(echo
 _test "both the P2P and the bounce path were taken" both
 _test "reads past the end of the device were short and said so" sh -c "[ $(_kv "$(echo "$out" | tail -n 1)" eof) -gt 0 ]"
 # The bounced reads and the reference reads go into RAM; only the P2P ones into the BAR.
-_test "QEMU's trace: the BAR got exactly the bytes of the reads the module called P2P" \
-	_expect_eq "bar_read" "$(_kv "$(echo "$out" | tail -n 1)" p2p_bytes)" "$DMA_BAR_READ"
+traced() {
+	p2p_bytes=$(_kv "$(echo "$out" | tail -n 1)" p2p_bytes)
+	_expect_ge "P2P bytes (the tool's)" 1 "${p2p_bytes:-0}" &&
+		_expect_eq "bar_read" "$p2p_bytes" "${DMA_BAR_READ:-none}"
+}
+_test "QEMU's trace: the BAR got exactly the bytes of the reads the module called P2P" traced
 
 ktap_finished

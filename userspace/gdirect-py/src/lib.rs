@@ -159,11 +159,23 @@ fn module() -> Result<&'static DirectCache, CompatReason> {
     }
 }
 
-/// `GDIRECT_COMPAT_MODE` (auto, on, off), read once; a bad value reads as auto (the first
-/// read reports it: `check_compat_mode`).
+/// `GDIRECT_COMPAT_MODE` (auto, on, off), read once; a value it cannot be is kept as `None`,
+/// which every transfer of GPU memory reports (`compat_mode_checked`).
 fn compat_mode() -> CompatMode {
-    static MODE: OnceLock<CompatMode> = OnceLock::new();
-    *MODE.get_or_init(|| CompatMode::from_env().unwrap_or(CompatMode::Auto))
+    compat_mode_read().unwrap_or(CompatMode::Auto)
+}
+
+fn compat_mode_read() -> Option<CompatMode> {
+    static MODE: OnceLock<Option<CompatMode>> = OnceLock::new();
+    *MODE.get_or_init(|| CompatMode::from_env().ok())
+}
+
+/// [`compat_mode`], or the error of a value it cannot be (as the Rust library's).
+fn compat_mode_checked() -> gdirect::Result<CompatMode> {
+    match compat_mode_read() {
+        Some(mode) => Ok(mode),
+        None => CompatMode::from_env(),
+    }
 }
 
 /// Why the compat engine moves host memory's bytes: it reads and writes it with `O_DIRECT`
@@ -219,6 +231,7 @@ unsafe fn via_module(
         len,
         file_offset,
     } = *io;
+    compat_mode_checked()?;
     let allow = |why: CompatReason| match compat_mode() {
         CompatMode::Off => Err(Error::CompatModeOff { reason: why }),
         _ => Ok(Err(why)),
@@ -381,9 +394,11 @@ struct File {
 }
 
 /// A file's `O_DIRECT` descriptor for the module's transfers, opened at the first one (none
-/// where the file system has no `O_DIRECT`, as tmpfs: then the compat engine moves the bytes).
+/// where the file system has no `O_DIRECT`, as tmpfs, or where the path now names another
+/// file than the one opened, renamed over it since: then the compat engine moves the bytes,
+/// from the file the caller opened).
 struct Direct {
-    path: PathBuf,
+    src: Arc<Source>,
     writable: bool,
     fd: OnceLock<Option<gdirect::File>>,
 }
@@ -392,11 +407,13 @@ impl Direct {
     fn get(&self) -> Option<&gdirect::File> {
         self.fd
             .get_or_init(|| {
-                if self.writable {
-                    gdirect::File::open_direct_rw(&self.path).ok()
+                let path = self.src.path();
+                let f = if self.writable {
+                    gdirect::File::open_direct_rw(path).ok()
                 } else {
-                    gdirect::File::open_direct(&self.path).ok()
-                }
+                    gdirect::File::open_direct(path).ok()
+                };
+                f.filter(|f| self.src.same_file(f))
             })
             .as_ref()
     }
@@ -418,13 +435,14 @@ impl File {
                 )))
             }
         };
+        let src = Arc::new(Source::open(&path).map_err(py_err)?);
         Ok(Self {
-            src: Arc::new(Source::open(&path).map_err(py_err)?),
             direct: Arc::new(Direct {
+                src: src.clone(),
                 writable: sink.is_some(),
-                path,
                 fd: OnceLock::new(),
             }),
+            src,
             sink,
         })
     }

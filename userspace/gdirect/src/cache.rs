@@ -19,6 +19,11 @@ use crate::{
     Transfer,
 };
 
+/// The most allocations the cache keeps an entry for: a registration of memory freed since
+/// (revoked, its entry not met again) still counts in the module's limits until it is dropped,
+/// so the entries are bounded and any one may go (it is made again when next needed).
+const MOST: usize = 256;
+
 /// One allocation's entry.
 #[derive(Clone, Debug)]
 enum Slot {
@@ -207,7 +212,7 @@ impl DirectCache {
             }
         }
         if let Err(why) = vet() {
-            self.lock().insert(start, (len, Slot::Refused(why)));
+            self.insert(start, (len, Slot::Refused(why)));
             return Ok(Err(why));
         }
         for attempt in 0..2 {
@@ -220,20 +225,24 @@ impl DirectCache {
             let why = match r {
                 Ok(reg) => {
                     let reg = Arc::new(reg);
-                    self.lock()
-                        .insert(start, (len, Slot::Registered(reg.clone())));
+                    self.insert(start, (len, Slot::Registered(reg.clone())));
                     return Ok(Ok(reg));
                 }
-                // The pin limits: the cache's own registrations may be what fills them. Let
-                // them go (transfers running keep theirs) and try once more.
-                Err(Error::PinLimit { .. } | Error::UserPinLimit { .. }) if attempt == 0 => {
+                // The limits (pinned bytes, registrations per file): the cache's own
+                // registrations, some of memory freed since, may be what fills them. Let them
+                // go (transfers running keep theirs) and try once more.
+                Err(
+                    Error::PinLimit { .. }
+                    | Error::UserPinLimit { .. }
+                    | Error::TooManyRegistrations,
+                ) if attempt == 0 => {
                     self.clear();
                     continue;
                 }
                 Err(Error::Misaligned { .. }) => CompatReason::Unaligned,
                 Err(e @ (Error::NoStructPages { .. } | Error::UnknownPageTable { .. })) => {
                     let why = CompatReason::Refused(e.errno().unwrap_or(Errno::EIO));
-                    self.lock().insert(start, (len, Slot::Refused(why)));
+                    self.insert(start, (len, Slot::Refused(why)));
                     why
                 }
                 Err(e) => match e.errno() {
@@ -246,6 +255,17 @@ impl DirectCache {
             return Ok(Err(why));
         }
         Ok(Err(CompatReason::Refused(Errno::EDQUOT)))
+    }
+
+    /// Enters the allocation's entry, another one going first when the cache holds [`MOST`].
+    fn insert(&self, start: u64, entry: (u64, Slot)) {
+        let mut slots = self.lock();
+        if slots.len() >= MOST && !slots.contains_key(&start) {
+            if let Some(&other) = slots.keys().next() {
+                slots.remove(&other);
+            }
+        }
+        slots.insert(start, entry);
     }
 
     /// Drops the allocation's entry if it is still `reg`.

@@ -6,8 +6,8 @@
 >>> weights = safetensors.load("model.safetensors.index.json")          # doctest: +SKIP
 
 Each file's data section is read in one call of the engine (many threads, large I/Os, direct
-I/O for what is not cached) into one device buffer; the tensors are views of it (a tensor whose
-offset its dtype cannot view is copied out, on the device). The header is parsed and checked
+I/O for what is not cached) into one device buffer, laid out so that every tensor starts where its dtype can view it; the
+tensors are views of it, none copied. The header is parsed and checked
 here before any byte of data is read, by the format's own rules (those of the safetensors
 package, 0.8): an unknown dtype, a shape that does not match its bytes, tensors that overlap or
 leave a gap, data that does not start at the section's first byte or bytes after the last

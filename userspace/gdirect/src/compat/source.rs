@@ -132,6 +132,13 @@ pub struct Source {
 }
 
 impl Source {
+    /// Whether `f` is the file this source opened (the same device and inode): a descriptor
+    /// opened later by the same path may name another file, renamed over it meanwhile.
+    pub fn same_file(&self, f: &impl std::os::fd::AsFd) -> bool {
+        nix::sys::stat::fstat(f.as_fd())
+            .is_ok_and(|st| (st.st_dev, st.st_ino) == (self.id.dev, self.id.ino))
+    }
+
     /// Opens `path` for reading: a regular file or a block device.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();

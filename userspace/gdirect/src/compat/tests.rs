@@ -1143,3 +1143,23 @@ fn a_write_the_device_cannot_take_fails_with_the_file_and_offset() {
         })
     ));
 }
+
+/// A descriptor opened later by the source's path names another file once one was renamed
+/// over it (a saver's atomic replace): `same_file` tells them apart, so a second descriptor is
+/// never used for a file the caller did not open.
+#[test]
+fn same_file_tells_a_file_renamed_over_the_path() {
+    let dir = std::env::temp_dir().join(format!("gdirect-same-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let (path, other) = (dir.join("a"), dir.join("b"));
+    std::fs::write(&path, b"old bytes").expect("write");
+    let src = Source::open(&path).expect("open");
+    let again = std::fs::File::open(&path).expect("open again");
+    assert!(src.same_file(&again), "the same file, opened twice");
+    std::fs::write(&other, b"new bytes").expect("write");
+    std::fs::rename(&other, &path).expect("rename over");
+    let replaced = std::fs::File::open(&path).expect("open the new one");
+    assert!(!src.same_file(&replaced), "another file under the same path");
+    assert!(src.same_file(&again), "the first descriptor still names the opened file");
+    let _ = std::fs::remove_dir_all(&dir);
+}

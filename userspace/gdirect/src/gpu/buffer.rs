@@ -35,16 +35,16 @@ impl RdmaFacts {
     pub fn of(ptr: u64) -> Result<Self> {
         cudarc::driver::result::init().map_err(|e| cuda_err("initialisation", e))?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-        // SAFETY: the attribute is a `CUmemoryPool` handle, which `pool` receives.
-        unsafe {
+        // SAFETY: the attribute is a `CUmemoryPool` handle, which `pool` receives. A driver
+        // that does not know the attribute (before CUDA 11.3) has no pools: the handle stays
+        // null.
+        let _ = unsafe {
             sys::cuPointerGetAttribute(
                 (&raw mut pool).cast(),
                 sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
                 ptr,
             )
-        }
-        .result()
-        .map_err(|e| cuda_err("asking the memory's pool", e))?;
+        };
         let mut capable: i32 = 0;
         // SAFETY: the attribute is an int (a boolean), which `capable` receives.
         let rdma_capable = unsafe {
