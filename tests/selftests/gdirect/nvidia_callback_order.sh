@@ -54,11 +54,16 @@ _test "a persistent registration's free: no callback, no table freed" \
 	_expect_eq "exit, the tool's deferred frees; callbacks callback_frees stray_frees" "0 1; 0 0 0" \
 	"$rc $(_kv "$out" free_deferred); $(since "$base")"
 
-# The tool's exit status, and since $base: at least $1 callbacks (exactly $1 when $2 is
-# "exact"), each with its callback free, and no other free.
+# The tool's outcome (no failure but, for put-race, its own checks of how often its rounds
+# met the windows it aims at, which need nvidia_put_race's 300 rounds), and since $base: at
+# least $1 callbacks (exactly $1 when $2 is "exact"), each with its callback free, and no
+# other free.
 freed_by_callbacks() {
+	fails=$(echo "$out" | grep '^FAIL' |
+		grep -vE 'were left to the driver|met an unlinked table in the window')
 	set -- "$1" "$2" $(since "$base")
-	_expect_eq "exit status" 0 "$rc" && _expect_ge callbacks "$1" "$3" &&
+	_expect_eq "the tool's failures" "" "$fails" && [ "$rc" -le 1 ] &&
+		_expect_ge callbacks "$1" "$3" &&
 		{ [ "$2" != exact ] || _expect_eq callbacks "$1" "$3"; } &&
 		_expect_eq "callback_frees stray_frees" "$3 0" "$4 $5"
 }
