@@ -1159,7 +1159,13 @@ fn same_file_tells_a_file_renamed_over_the_path() {
     std::fs::write(&other, b"new bytes").expect("write");
     std::fs::rename(&other, &path).expect("rename over");
     let replaced = std::fs::File::open(&path).expect("open the new one");
-    assert!(!src.same_file(&replaced), "another file under the same path");
-    assert!(src.same_file(&again), "the first descriptor still names the opened file");
+    assert!(
+        !src.same_file(&replaced),
+        "another file under the same path"
+    );
+    assert!(
+        src.same_file(&again),
+        "the first descriptor still names the opened file"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
