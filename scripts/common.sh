@@ -61,6 +61,7 @@ kernel_build_dir() {
 	local variant=$1
 	local frags=("$GDIRECT_ROOT/kernel/config/gdirect.config")
 	[ "$variant" = debug ] && frags+=("$GDIRECT_ROOT/kernel/config/debug.config")
+	[ "$variant" = iommu ] && frags+=("$GDIRECT_ROOT/kernel/config/iommu.config")
 	# The signing key's request is part of the build (scripts/kernel), not a fragment.
 	echo "$GDIRECT_CACHE/build/$variant-$(kernel_build_key "${frags[@]}" "$GDIRECT_ROOT/kernel/config/x509.genkey")"
 }

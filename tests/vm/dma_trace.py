@@ -9,14 +9,26 @@ pci_nvme_map_addr line, logged right after the command's pci_nvme_io_cmd line (t
 model runs under QEMU's big lock, so the lines of one command are not interleaved with
 another's). The emulated GPU's BAR2 is found with QMP `query-pci`, not from the guest.
 
+In the IOMMU rig (scripts/vm --iommu) the addresses a controller maps are IOVAs: the trace also
+has vtd_dmar_translate (each translation QEMU's intel-iommu makes: device, IOVA page, guest
+physical page) and vtd_dmar_fault. A mapped address is then judged by where it was translated
+to: the first translation of an NVMe controller (by its bus, slot and function in query-pci)
+covering it, after its map_addr line. One never translated (the command failed first, or its
+DMA faulted) counts as `untranslated`; `faults` counts the IOMMU's DMA faults
+(vtd_dmar_fault, and vtd_fault_disabled: a fault of a context whose reports are off).
+
   dma_trace.py bar QMP_SOCKET              print "START SIZE" of the emulated GPU's BAR2
   dma_trace.py lines TRACE                 print the trace's line count (a mark)
-  dma_trace.py since TRACE MARK START SIZE print the bytes mapped since line MARK, per
+  dma_trace.py since TRACE MARK START SIZE [QMP_SOCKET]
+                                           print the bytes mapped since line MARK, per
                                            direction (read: device to memory) and target:
                                            bar_read ram_read cmb_read bar_write ram_write
                                            cmb_write other (admin commands, not data)
+                                           untranslated faults (the IOMMU rig)
+  dma_trace.py faults TRACE                print the IOMMU's DMA faults in the whole trace
 """
 import json
+import re
 import socket
 import sys
 
@@ -54,10 +66,37 @@ def gpu_bar(path):
     raise SystemExit("no emulated GPU (1af4:1110) with a BAR2 in query-pci")
 
 
-def since(trace, mark, start, size):
+def nvme_functions(path):
+    """(bus, slot, function) of every NVMe controller (class 0x0108), from query-pci."""
+    return {
+        (dev["bus"], dev["slot"], dev["function"])
+        for dev in devices(qmp(path, "query-pci"))
+        if dev["class_info"]["class"] == 0x0108
+    }
+
+
+TRANSLATE = re.compile(r"dev ([0-9a-f]+):([0-9a-f]+)\.([0-9a-f]+) iova 0x([0-9a-f]+) -> gpa 0x([0-9a-f]+) mask 0x([0-9a-f]+)")
+PAGE = 4096
+# A DMA the IOMMU refused: reported, or not (fault processing disabled for the context).
+FAULTS = ("vtd_dmar_fault", "vtd_fault_disabled")
+
+
+def since(trace, mark, start, size, nvmes=None):
+    """Bytes mapped since line `mark`, by direction and target. With `nvmes` (the IOMMU rig),
+    addresses are IOVAs, judged by their translations."""
     t = dict.fromkeys(["bar_read", "ram_read", "cmb_read", "bar_write", "ram_write", "cmb_write", "other"], 0)
+    if nvmes is not None:
+        t.update(untranslated=0, faults=0)
     direction = None
     pending = None  # the last map_addr: (key, len), reclassified by a map_addr_cmb after it
+    # IOMMU rig: IOVA page -> [(direction or None, addr, len)] waiting for their translation.
+    waiting = {}
+
+    def judge(direction, addr, length):
+        if direction is None:
+            return "other"
+        return ("bar_" if start <= addr < start + size else "ram_") + direction
+
     with open(trace, errors="replace") as f:
         for n, line in enumerate(f):
             if n < mark:
@@ -72,19 +111,42 @@ def since(trace, mark, start, size):
                 direction = None
             elif w[0] == "pci_nvme_map_addr" and len(w) >= 5:
                 addr, length = int(w[2], 16), int(w[4])
-                if direction is None:
-                    key = "other"
-                elif start <= addr < start + size:
-                    key = "bar_" + direction
+                if nvmes is None:
+                    key = judge(direction, addr, length)
+                    t[key] += length
+                    pending = (key, length)
                 else:
-                    key = "ram_" + direction
-                t[key] += length
-                pending = (key, length)
+                    entry = [direction, addr, length]
+                    waiting.setdefault(addr // PAGE, []).append(entry)
+                    pending = entry
             elif w[0] == "pci_nvme_map_addr_cmb" and pending and direction:
-                t[pending[0]] -= pending[1]
-                t["cmb_" + direction] += pending[1]
+                if nvmes is None:
+                    t[pending[0]] -= pending[1]
+                    t["cmb_" + direction] += pending[1]
+                else:
+                    # The controller's own memory: never translated by the IOMMU.
+                    waiting[pending[1] // PAGE].remove(pending)
+                    t["cmb_" + direction] += pending[2]
                 pending = None
+            elif w[0] in FAULTS and nvmes is not None:
+                t["faults"] += 1
+            elif w[0] == "vtd_dmar_translate" and nvmes is not None:
+                m = TRANSLATE.search(line)
+                if not m or tuple(int(x, 16) for x in m.group(1, 2, 3)) not in nvmes:
+                    continue
+                iova, gpa, mask = (int(x, 16) for x in m.group(4, 5, 6))
+                for page in range(iova // PAGE, (iova + mask) // PAGE + 1):
+                    for d, addr, length in waiting.pop(page, []):
+                        key = judge(d, gpa + (addr - iova), length)
+                        t[key] += length
+    if nvmes is not None:
+        t["untranslated"] = sum(e[2] for entries in waiting.values() for e in entries)
     return " ".join(f"{k}={v}" for k, v in t.items())
+
+
+def faults(trace):
+    with open(trace, errors="replace") as f:
+        return sum(1 for line in f if line.split(" ", 1)[0] in FAULTS)
 
 
 def main(argv):
@@ -95,6 +157,11 @@ def main(argv):
             print(sum(1 for _ in f))
     elif len(argv) == 6 and argv[1] == "since":
         print(since(argv[2], int(argv[3]), int(argv[4]), int(argv[5])))
+    elif len(argv) == 7 and argv[1] == "since":
+        # The IOMMU rig: argv[6] is the QMP socket, to find the NVMe controllers.
+        print(since(argv[2], int(argv[3]), int(argv[4]), int(argv[5]), nvme_functions(argv[6])))
+    elif len(argv) == 3 and argv[1] == "faults":
+        print(faults(argv[2]))
     else:
         raise SystemExit(__doc__)
 

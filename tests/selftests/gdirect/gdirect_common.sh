@@ -286,7 +286,9 @@ _host_compare() { _host_request COMPARE "$1" "$2" "$3"; }
 # what the module says). _dma_mark remembers the trace's position; _dma_since sets
 # DMA_BAR_READ, DMA_RAM_READ, DMA_CMB_READ (device to memory), DMA_BAR_WRITE,
 # DMA_RAM_WRITE, DMA_CMB_WRITE (memory to device): bytes since the mark, by target
-# (the emulated GPU's BAR2, the NVMe CMB, guest RAM).
+# (the emulated GPU's BAR2, the NVMe CMB, guest RAM). In the IOMMU rig the mapped addresses
+# are IOVAs, judged by the IOMMU's translations in the trace, and it also sets
+# DMA_UNTRANSLATED (bytes mapped but never translated) and DMA_FAULTS (the IOMMU's faults).
 _dma_mark() {
 	_host_request_reply DMA-MARK || return 1
 	_DMA_MARK=${reply#OK }
@@ -301,6 +303,8 @@ _dma_since() {
 		bar_write=*) DMA_BAR_WRITE=${kv#*=} ;;
 		ram_write=*) DMA_RAM_WRITE=${kv#*=} ;;
 		cmb_write=*) DMA_CMB_WRITE=${kv#*=} ;;
+		untranslated=*) DMA_UNTRANSLATED=${kv#*=} ;;
+		faults=*) DMA_FAULTS=${kv#*=} ;;
 		esac
 	done
 	ktap_print_msg "NVMe DMA since the mark (host trace): ${reply#OK }"

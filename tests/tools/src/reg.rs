@@ -343,6 +343,41 @@ fn egpu(size: u64, peer: PciAddress, persistent: bool) -> gdirect::Result<()> {
         );
         println!("bus_match={matched}/{}", expected.len());
     }
+    if map.map_type == MapType::ThruHostBridge {
+        // Through the host bridge the addresses are the peer's DMA addresses: with an IOMMU,
+        // IOVAs of its domain. The kernel's own page table of that domain (intel-iommu's debugfs,
+        // not the module) must translate every 4 KiB of each to the page's place in the BAR (x86:
+        // bus address = CPU physical address, as register_nvidia.sh checks against sysfs).
+        match iommu_translations(peer) {
+            None => println!("iommu_match=none"),
+            Some(table) => {
+                let matched = map
+                    .addrs
+                    .iter()
+                    .zip(&pages)
+                    .filter(|(iova, page)| {
+                        (0..EGPU_PAGE / 4096).all(|k| {
+                            table.get(&((**iova >> 12) + k)) == Some(&(bar + **page + k * 4096))
+                        })
+                    })
+                    .count();
+                check(
+                    "the IOMMU translates each address to its page in the BAR",
+                    matched == pages.len() && map.addrs.len() == pages.len(),
+                    || {
+                        format!(
+                            "{matched} of {} match; first {:#x?} -> {:#x?}, expected {:#x?}",
+                            pages.len(),
+                            map.addrs.first(),
+                            map.addrs.first().and_then(|a| table.get(&(a >> 12))),
+                            pages.first().map(|p| bar + p)
+                        )
+                    },
+                );
+                println!("iommu_match={matched}/{}", pages.len());
+            }
+        }
+    }
     // A second query of the same peer answers from the mapping made the first time.
     check(
         "a second query gives the same addresses",
@@ -351,7 +386,51 @@ fn egpu(size: u64, peer: PciAddress, persistent: bool) -> gdirect::Result<()> {
     );
     reg.unregister()?;
     println!("after_unregister egpu_mappings={}", gpu.info()?.mappings);
+    if map.map_type == MapType::ThruHostBridge {
+        // Nothing of the BAR stays mapped for the peer once the registration is gone: the
+        // kernel's page table of the peer's domain, after the module's dma_unmap_resource.
+        if let Some(table) = iommu_translations(peer) {
+            let size = gpu.info()?.bar_len;
+            let left = table
+                .values()
+                .filter(|phys| (bar..bar + size).contains(phys))
+                .count();
+            check(
+                "no IOVA of the peer maps the BAR after unregister",
+                left == 0,
+                || format!("{left} pages of the BAR still mapped"),
+            );
+            println!("after_unregister iommu_bar_pages={left}");
+        }
+    }
     Ok(())
+}
+
+/// The 4 KiB translations (IOVA page number to physical address) of `dev`'s IOMMU domain, from
+/// intel-iommu's debugfs (`domain_translation_struct`: one line per leaf, the IOVA's page number
+/// then the entry of each level, the last one the leaf's), or `None` without one.
+fn iommu_translations(dev: PciAddress) -> Option<std::collections::HashMap<u64, u64>> {
+    let path = format!("/sys/kernel/debug/iommu/intel/{dev}/domain_translation_struct");
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut table = std::collections::HashMap::new();
+    for line in text.lines() {
+        let Some((pfn, entries)) = line.split_once('|') else {
+            continue;
+        };
+        let Ok(pfn) = u64::from_str_radix(pfn.trim().trim_start_matches("0x"), 16) else {
+            continue;
+        };
+        let Some(Ok(leaf)) = entries
+            .split_whitespace()
+            .last()
+            .map(|e| u64::from_str_radix(e.trim_start_matches("0x"), 16))
+        else {
+            continue;
+        };
+        // Bits 12 to 51 of a VT-d second-level entry: the page's address.
+        table.insert(pfn, leaf & 0x000f_ffff_ffff_f000);
+    }
+    Some(table)
 }
 
 /// The start and end of each memory BAR of a device, from sysfs.

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: GPL-2.0
+"""The host's reader of QEMU's NVMe DMA trace (dma_trace.py), on made-up traces in QEMU's own
+line formats: raw addresses judged by the BAR, and in the IOMMU rig IOVAs judged by the first
+translation of an NVMe controller after their map_addr line (not an earlier one of the same
+IOVA, not another device's), untranslated addresses and the IOMMU's faults counted.
+Prints "ok - ..." / "not ok - ..." lines and "dma_trace: N passed, N failed"."""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import dma_trace  # noqa: E402
+
+BAR, BAR_SIZE = 0xE0000000, 0x10000000
+NVME = (3, 0, 0)
+passed = failed = 0
+
+
+def expect(what, got, want):
+    global passed, failed
+    if got == want:
+        passed += 1
+        print(f"ok - {what}")
+    else:
+        failed += 1
+        print(f"not ok - {what}: got {got!r}, want {want!r}")
+
+
+def trace(lines):
+    f = tempfile.NamedTemporaryFile("w", suffix=".trace", delete=False)
+    f.write("".join(line + "\n" for line in lines))
+    f.close()
+    return f.name
+
+
+def kv(text):
+    return dict((k, int(v)) for k, v in (p.split("=") for p in text.split()))
+
+
+READ = "pci_nvme_io_cmd cid 1 nsid 0x1 sqid 1 opc 0x2 opname 'NVME_NVM_CMD_READ'"
+WRITE = "pci_nvme_io_cmd cid 2 nsid 0x1 sqid 1 opc 0x1 opname 'NVME_NVM_CMD_WRITE'"
+
+
+def translate(dev, iova, gpa, mask=0xFFF):
+    return f"vtd_dmar_translate dev {dev[0]:02x}:{dev[1]:02x}.{dev[2]:02x} iova 0x{iova:x} -> gpa 0x{gpa:x} mask 0x{mask:x}"
+
+
+def main():
+    # Without an IOMMU: the mapped address itself.
+    t = trace([
+        READ,
+        f"pci_nvme_map_addr addr 0x{BAR + 0x1000:x} len 4096",
+        "pci_nvme_map_addr addr 0x1000 len 8192",
+        WRITE,
+        f"pci_nvme_map_addr addr 0x{BAR:x} len 512",
+        "pci_nvme_map_addr addr 0x2000 len 4096",
+        "pci_nvme_map_addr_cmb addr 0x2000 len 4096",
+    ])
+    r = kv(dma_trace.since(t, 0, BAR, BAR_SIZE))
+    expect("raw: a read into the BAR and one into RAM", (r["bar_read"], r["ram_read"]), (4096, 8192))
+    expect("raw: a write from the BAR, one from the CMB", (r["bar_write"], r["ram_write"], r["cmb_write"]), (512, 0, 4096))
+    expect("raw: no IOMMU keys", "untranslated" in r or "faults" in r, False)
+    expect("raw: since a mark leaves out the lines before it",
+           kv(dma_trace.since(t, 3, BAR, BAR_SIZE))["bar_read"], 0)
+    os.unlink(t)
+
+    # The IOMMU rig: IOVAs, judged by their translations.
+    t = trace([
+        # An earlier use of the IOVA 0xfffc0000 (into the BAR), before this command mapped it.
+        translate(NVME, 0xFFFC0000, BAR + 0x50000),
+        READ,
+        "pci_nvme_map_addr addr 0xfffc0000 len 4096",  # now into RAM
+        "pci_nvme_map_addr addr 0xfffd0800 len 2048",  # into the BAR, mid-page
+        "pci_nvme_map_addr addr 0xfffe0000 len 4096",  # never translated
+        "pci_nvme_map_addr addr 0xff100000 len 4096",  # inside a 2 MiB translation
+        # Another device's translation of the same IOVA: not the NVMe's.
+        translate((5, 0, 0), 0xFFFD0000, 0x9000),
+        translate(NVME, 0xFFFC0000, 0x7000),
+        translate(NVME, 0xFFFD0000, BAR + 0x20000),
+        translate(NVME, 0xFF000000, BAR + 0x200000, 0x1FFFFF),
+        "vtd_dmar_fault sid 0x300 fault 6 addr 0xfffe0000 write 1",
+        "vtd_fault_disabled Fault processing disabled for context entry",
+        WRITE,
+        "pci_nvme_map_addr addr 0xfffa0000 len 4096",
+        translate(NVME, 0xFFFA0000, BAR),
+    ])
+    r = kv(dma_trace.since(t, 0, BAR, BAR_SIZE, {NVME}))
+    expect("iommu: judged by the translation after the map, not an earlier one", r["ram_read"], 4096)
+    expect("iommu: a mid-page address and a 2 MiB translation into the BAR", r["bar_read"], 2048 + 4096)
+    expect("iommu: another device's translation of the IOVA is not the NVMe's", r["ram_read"] + r["bar_read"], 4096 + 6144)
+    expect("iommu: an address never translated", r["untranslated"], 4096)
+    expect("iommu: both kinds of fault", r["faults"], 2)
+    expect("iommu: a write from the BAR", (r["bar_write"], r["ram_write"]), (4096, 0))
+    expect("iommu: the whole trace's faults", dma_trace.faults(t), 2)
+    without = kv(dma_trace.since(t, 0, BAR, BAR_SIZE, set()))
+    expect("iommu: with no NVMe known, nothing is translated", without["untranslated"], 4096 * 4 + 2048)
+    # The command line as scripts/vm calls it (no QMP here: the raw form).
+    out = subprocess.run([sys.executable, os.path.join(HERE, "dma_trace.py"), "faults", t],
+                         capture_output=True, text=True).stdout.strip()
+    expect("the faults command", out, "2")
+    os.unlink(t)
+
+    print(f"dma_trace: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
