@@ -5,7 +5,9 @@
 # must, in a real boot of the rig: planted tests (tests/vm/planted/, never in the suite) that
 # leave a process holding a registration (LEFTOVER, the process named) and that run past
 # their limit (TIMEOUT, the process group killed); a test run after both finds the rig clean;
-# the run fails. The host's side of the verdict has its own test (verdict_test.sh).
+# and two that pass in the guest while the host's judge of QEMU's DMA trace fails the run: one
+# that ignores a FAIL the host answered, one that makes fewer host-judged checks than it
+# declares (planted/dma-expects); the run fails. The host's side of the verdict has its own test (verdict_test.sh).
 # Prints "ok"/"not ok" per check, then "runner_in_guest: N passed, N failed".
 set -uo pipefail
 . "$(dirname "$0")/../../scripts/common.sh"
@@ -14,7 +16,8 @@ trap 'rm -f "$out"' EXIT
 pass=0 fail=0
 planted=$GDIRECT_ROOT/tests/vm/planted
 GDIRECT_TEST_TIMEOUT=10 "$GDIRECT_ROOT/scripts/vm" \
-	--run "$planted/leftover.sh" "$planted/overrun.sh" "$planted/after.sh" >"$out" 2>&1
+	--run "$planted/leftover.sh" "$planted/overrun.sh" "$planted/after.sh" \
+	"$planted/dma_lie.sh" "$planted/dma_short.sh" >"$out" 2>&1
 rc=$?
 # The console's lines end in CR.
 has() { tr -d '\r' <"$out" | grep -qE "$1"; }
@@ -37,8 +40,14 @@ check "a test past its limit: not ok, TIMEOUT at the run's 10 s" \
 	has '^not ok 2 selftests: gdirect: overrun.sh # TIMEOUT 10 seconds$'
 check "the test after them finds the rig clean (no planted process, module unloaded, no pin)" \
 	has '^ok 3 selftests: gdirect: after.sh$'
+check "a false P2P proof the test ignores: ok in the guest, the host's FAIL fails the run" \
+	eval 'has "^ok 4 selftests: gdirect: dma_lie.sh$" &&
+		has "^vm: FAIL: host-judged DMA check failed: DMA-EXPECT [0-9]+ dma_lie.sh bar_read=1048576 ram_read=0 -> FAIL bar_read: expected 1048576, got 0; ram_read: expected 0, got 1048576;"'
+check "fewer host-judged checks than declared: ok in the guest, the run fails" \
+	eval 'has "^ok 5 selftests: gdirect: dma_short.sh$" &&
+		has "^vm: FAIL: dma_short.sh made 1 host-judged DMA check\(s\), dma-expects declares 2$"'
 check "the run fails, and says so" \
-	eval '[ $rc -ne 0 ] && has "^vm: 1 passed, 2 failed, 0 skipped$"'
+	eval '[ $rc -ne 0 ] && has "^vm: 3 passed, 2 failed, 0 skipped$"'
 [ $fail -eq 0 ] || sed 's/^/# /' "$out" | tail -n 60
 echo "runner_in_guest: $pass passed, $fail failed"
 [ $fail -eq 0 ]

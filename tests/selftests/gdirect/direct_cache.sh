@@ -51,7 +51,7 @@ _test "second round: registered again, 4 reads through the module, 1 page table"
 	_expect_eq again "module=4 of 4 registrations=1 page_tables=1" \
 	"$(echo "$out" | sed -n 's/^again: //p')"
 _test "QEMU's trace: both rounds' bytes into the BAR, none into RAM" \
-	_expect_eq "bar ram" "$((2 * each)) 0" "$DMA_BAR_READ $DMA_RAM_READ"
+	_dma_expect bar_read=$((2 * each)) ram_read=0
 cleared() {
 	_expect_eq cleared "registrations=0 page_tables=0" "$(echo "$out" | sed -n 's/^cleared: //p')" &&
 		_expect_unpinned &&

@@ -36,7 +36,7 @@ p2p_read() {
 		_gd_read "${3:-$dev}" --mem egpu --offset "$2" --len "$1" &&
 		_dma_since &&
 		_expect_eq "bytes path bounce_bytes" "$1 p2p 0" "$(_rj .bytes) $(_rj .path) $(_rj .bounce_bytes)" &&
-		_expect_eq "bar ram cmb (host trace)" "$1 0 0" "$DMA_BAR_READ $DMA_RAM_READ $DMA_CMB_READ" &&
+		_dma_expect bar_read="$1" ram_read=0 cmb_read=0 &&
 		_host_compare "gva:$(_rj .memory.address)" "${4:-nvme0}:${5:-$2}" "$1"
 }
 _test "4 KiB at 168 MiB: all in the BAR, none in RAM" p2p_read 4096 $((168 * M))
@@ -53,7 +53,7 @@ batch() {
 	# 256 entries of 64 KiB, then 8 more reaped with WAIT, each byte checked by the tool
 	# against buffered reads of the device (page cache, so through RAM): every byte of the
 	# batches must be in the BAR.
-	_expect_eq "exit" 0 "$rc" && _expect_eq "bar (host trace)" $((264 * 64 * K)) "$DMA_BAR_READ"
+	_expect_eq "exit" 0 "$rc" && _dma_expect bar_read=$((264 * 64 * K))
 }
 _test "batches of 256 and 8 reads of 64 KiB: all 16.5 MiB in the BAR" batch
 
@@ -72,7 +72,7 @@ bounced() {
 	_dma_mark &&
 		_gd_read "$dev" --mem egpu --offset $((188 * M)) --len $((2 * M)) --force-bounce &&
 		_dma_since &&
-		_expect_eq "bar ram (host trace)" "0 $((2 * M))" "$DMA_BAR_READ $DMA_RAM_READ"
+		_dma_expect bar_read=0 ram_read=$((2 * M))
 }
 _test "control: the same kind of read, forced to bounce, lands in RAM" bounced
 _test "the module's stats agree: nothing bounced but the forced read" \

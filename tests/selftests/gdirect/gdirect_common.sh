@@ -309,6 +309,23 @@ _dma_since() {
 	done
 	ktap_print_msg "NVMe DMA since the mark (host trace): ${reply#OK }"
 }
+# The host's verdict on the DMA since the mark: _dma_expect KEY=BYTES... (keys as
+# _dma_since's: bar_read, ram_read, cmb_read, bar_write, ram_write, cmb_write; in the IOMMU rig
+# also untranslated, which the host requires to be 0 unless named). The host compares, answers
+# OK or FAIL with what it found, and fails the whole run on a FAIL whatever the test does with
+# it; a test makes at least as many of these as tests/selftests/gdirect/dma-expects declares.
+_dma_expect() {
+	_host_request_open || return 1
+	echo "DMA-EXPECT ${_DMA_MARK:?_dma_mark first} $(basename "$0") $*" >&5
+	reply=
+	read -r -t 60 reply <&5
+	ktap_print_msg "NVMe DMA since the mark, judged by the host (want $*): ${reply:-no reply}"
+	case $reply in
+	"OK "*) return 0 ;;
+	esac
+	return 1
+}
+
 # Like _host_request, for requests whose reply carries values: succeeds on "OK ...".
 _host_request_reply() {
 	_host_request_open || return 1

@@ -71,7 +71,7 @@ _test "--verify against a reference that ends before the bytes read exits 3 too"
 # 6. The DMA path proof: a read that bounced does not pass for P2P.
 _dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
 _gd_read "$dev" --mem egpu --offset 99M --len 1M --force-bounce >/dev/null
-_dma_since
+_dma_since || ktap_exit_fail_msg "no DMA trace from the host"
 _test "a bounced read fails the P2P proof (all into the BAR, none into RAM)" \
 	not _expect_eq "bar ram" "$M 0" "$DMA_BAR_READ $DMA_RAM_READ"
 

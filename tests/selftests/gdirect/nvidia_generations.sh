@@ -39,7 +39,7 @@ p2p_read_exact() {
 	_gd_read "$dev0" --mem egpu --offset "$1" --len 4M || return 1
 	_dma_since || return 1
 	_expect_eq "path" "p2p none" "$(_rj .path) $(_rj .reason)" &&
-		_expect_eq "bar ram" "4194304 0" "$DMA_BAR_READ $DMA_RAM_READ" &&
+		_dma_expect bar_read=4194304 ram_read=0 &&
 		_host_compare "gva:$(_rj .memory.address)" "nvme0:$1" 4194304
 }
 

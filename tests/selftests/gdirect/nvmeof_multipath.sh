@@ -25,7 +25,7 @@ local_ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no
 nqn=$GDIRECT_NQN_PREFIX:multipath
 
 ktap_print_header
-ktap_set_plan 13
+ktap_set_plan 14
 
 _test "native multipath is on (nvme_core.multipath=Y)" \
 	_expect_eq multipath Y "$(cat /sys/module/nvme_core/parameters/multipath)"
@@ -67,7 +67,10 @@ listed() {
 }
 _test "gdirect check nvmeof lists the head, its two TCP paths and the policy" listed
 
+_dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
 _test "16 MiB through the head into GPU memory, exact (host check)" _gd_read_exact "$NVMEOF_NS" 0 $((16 * MIB)) nvme0 0
+_test "QEMU's trace (the host's verdict): the target's drive moved the 16 MiB into RAM, none into the BAR" \
+	_dma_expect ram_read=$((16 * MIB)) bar_read=0
 reported() {
 	ktap_print_msg "why: $(_rj .why)"
 	_expect_eq "path reason transport" "bounce queue_no_p2p tcp" "$(_rj .path) $(_rj .reason) $(_rj .transport)"

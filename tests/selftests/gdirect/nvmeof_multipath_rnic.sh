@@ -53,7 +53,10 @@ second_path() {
 up() { _nvmeof_target_up rdma-near "$nqn" "$local_ns" && _nvmeof_connect rdma-near "$nqn" && second_path tcp; }
 _test "one namespace through the RNIC under the switch and through NVMe/TCP: a head with two paths" up
 beside_tcp() {
+	_dma_mark || return 1
 	_gd_read_exact "$NVMEOF_NS" $((232 * MiB)) $((3 * MiB)) nvme0 $((232 * MiB)) || return 1
+	# QEMU's trace, the host's verdict: the target's drive DMA'd the bytes into RAM.
+	_dma_expect ram_read=$((3 * MiB)) bar_read=0 || return 1
 	ktap_print_msg "why: $(_rj .why)"
 	_expect_eq "path reason" "bounce multipath" "$(_rj .path) $(_rj .reason)"
 }
@@ -64,7 +67,9 @@ up_far() { _nvmeof_target_up rdma-near "$nqn" "$local_ns" && _nvmeof_connect rdm
 _test "the same through the RNIC under the switch and the one across the host bridge" up_far
 near0=$(_rdma_counter rxe_near p2pdma_write_bytes) far0=$(_rdma_counter rxe_far p2pdma_write_bytes)
 beside_far() {
+	_dma_mark || return 1
 	_gd_read_exact "$NVMEOF_NS" $((236 * MiB)) $((3 * MiB)) nvme0 $((236 * MiB)) || return 1
+	_dma_expect ram_read=$((3 * MiB)) bar_read=0 || return 1
 	ktap_print_msg "why: $(_rj .why)"
 	_expect_eq "path reason transport" "bounce distance rdma" "$(_rj .path) $(_rj .reason) $(_rj .transport)"
 }

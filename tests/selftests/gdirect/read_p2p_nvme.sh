@@ -24,9 +24,8 @@ p2p_before=$(_stat p2p read bytes)
 bounce_before=$(( $(_stat bounce read bounce_bytes) + $(_stat p2p read bounce_bytes) ))
 _dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
 _test "16 MiB read into GPU memory" _gd_read "$dev" --mem egpu --offset 4M --len 16M
-_dma_since
 _test "QEMU saw the NVMe DMA all 16 MiB into the GPU's BAR, none into guest RAM" \
-	_expect_eq "bar ram" "16777216 0" "$DMA_BAR_READ $DMA_RAM_READ"
+	_dma_expect bar_read=16777216 ram_read=0
 _test "all 16 MiB arrived" _expect_eq bytes 16777216 "$(_rj .bytes)"
 _test "the path is p2p, with no reason to bounce" _expect_eq path "p2p none" "$(_rj .path) $(_rj .reason)"
 _test "no byte went through host memory" _expect_eq bounce_bytes 0 "$(_rj .bounce_bytes)"

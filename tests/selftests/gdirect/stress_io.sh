@@ -7,7 +7,10 @@
 # (RDMA) — with the GPU memory freed (revoked) and registered again underneath.
 # Reads of a window nobody writes are compared with a snapshot, reads of a
 # thread's own slice with what it wrote. The totals are printed; mismatches
-# must be 0 and nothing may stay pinned. GDIRECT_STRESS_OPS sets the operations
+# must be 0 and nothing may stay pinned. QEMU's trace of the local NVMe's DMA, judged by the
+# host, holds exactly the bytes the local processes' P2P reads and writes moved in the GPU's
+# BAR (a revocation comes between one thread's transfers, never under one; the fabric's
+# namespace is a loop device, whose bytes no emulated NVMe moves). GDIRECT_STRESS_OPS sets the operations
 # per thread (default 500, 150 on the debug kernel). The local namespace (the ext4 image of other tests)
 # is saved first and restored after; the fabric's namespace is a loop device
 # over a file in guest memory, so no drive image the host checks is changed.
@@ -40,7 +43,7 @@ ops=${GDIRECT_STRESS_OPS:-$default_ops}
 nqn=$GDIRECT_NQN_PREFIX:stress
 
 ktap_print_header
-ktap_set_plan 8
+ktap_set_plan 9
 
 up() { _nvmeof_target_up rdma "$nqn" "$backing" && _nvmeof_connect rdma "$nqn"; }
 _test "a namespace over NVMe-oF (RDMA)" up
@@ -52,6 +55,7 @@ _test "random bytes in both read windows" fill
 
 M=1048576
 dir=$(mktemp -d)
+_dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
 i=0
 for dev in "$local_ns" "$local_ns" "$NVMEOF_NS" "$NVMEOF_NS"; do
 	i=$((i + 1))
@@ -73,6 +77,9 @@ _test "all $((4 * 2 * ops)) operations ran" _expect_eq ops $((4 * 2 * ops)) "$(s
 _test "no byte of any read differs" _expect_eq mismatches 0 "$(sum mismatches)"
 both() { [ "$(sum p2p)" -gt 0 ] && [ "$(sum bounce)" -gt 0 ] && [ "$(sum revocations)" -gt 0 ] && [ "$(sum revocations)" = "$(sum revoked_errors)" ]; }
 _test "P2P and bounce both used, revocations happened and each refused later I/O" both
+local_sum() { sed -nE "s/(^|.* )$1=([0-9]+).*/\2/p" "$dir/1" "$dir/2" | awk '{s += $1} END {print s + 0}'; }
+_test "QEMU's trace (the host's verdict): the local P2P reads' and writes' bytes, exactly, in the BAR" \
+	_dma_expect bar_read="$(local_sum p2p_read_bytes)" bar_write="$(local_sum p2p_write_bytes)"
 _test "nothing stays registered or pinned" \
 	_expect_unpinned
 rm -rf "$dir"

@@ -2091,6 +2091,9 @@ struct StressTally {
     registrations: u64,
     p2p: u64,
     bounce: u64,
+    /// Bytes that P2P reads and writes moved (QEMU's trace must find them in the GPU's BAR).
+    p2p_read_bytes: u64,
+    p2p_write_bytes: u64,
 }
 
 fn stress(
@@ -2131,8 +2134,8 @@ fn stress(
     });
     let t = total.lock().unwrap_or_else(|e| e.into_inner());
     println!(
-        "ops={} reads={} writes={} bytes={} mismatches={} revocations={} revoked_errors={} registrations={} p2p={} bounce={} thread_errors={failed}",
-        t.ops, t.reads, t.writes, t.bytes, t.mismatches, t.revocations, t.revoked_errors, t.registrations, t.p2p, t.bounce
+        "ops={} reads={} writes={} bytes={} mismatches={} revocations={} revoked_errors={} registrations={} p2p={} bounce={} p2p_read_bytes={} p2p_write_bytes={} thread_errors={failed}",
+        t.ops, t.reads, t.writes, t.bytes, t.mismatches, t.revocations, t.revoked_errors, t.registrations, t.p2p, t.bounce, t.p2p_read_bytes, t.p2p_write_bytes
     );
     check("no thread failed", failed == 0, || {
         format!("{failed} thread(s) failed")
@@ -2212,7 +2215,8 @@ fn stress_thread(
         let len = (1 + rng.below(64)) * 4096;
         let buf_offset = rng.below((LEN - len) / 4096 + 1) * 4096;
         let opts = IoOptions::new().force_bounce(rng.below(3) == 0);
-        let t = match rng.below(4) {
+        let kind = rng.below(4);
+        let t = match kind {
             0 | 1 => {
                 // The read window: compare with the snapshot.
                 let span = read.end - read.start;
@@ -2280,7 +2284,14 @@ fn stress_thread(
         tally.ops += 1;
         tally.bytes += t.bytes;
         match t.path {
-            IoPath::P2p => tally.p2p += 1,
+            IoPath::P2p if kind == 2 => {
+                tally.p2p += 1;
+                tally.p2p_write_bytes += t.bytes;
+            }
+            IoPath::P2p => {
+                tally.p2p += 1;
+                tally.p2p_read_bytes += t.bytes;
+            }
             _ => tally.bounce += 1,
         }
     }
@@ -2296,6 +2307,8 @@ fn stress_thread(
     total.registrations += tally.registrations;
     total.p2p += tally.p2p;
     total.bounce += tally.bounce;
+    total.p2p_read_bytes += tally.p2p_read_bytes;
+    total.p2p_write_bytes += tally.p2p_write_bytes;
     Ok(())
 }
 
