@@ -78,6 +78,7 @@ use crate::{
     region::{
         self,
         FileCounters,
+        PinCharge,
         Registration, //
     },
     revocation::RegShared,
@@ -367,11 +368,15 @@ impl GdirectFile {
             return Err(ERANGE);
         }
         let shared = RegShared::new()?;
+        // Room for the registration's share of the pin limits, made now: nothing can fail
+        // between the pin and the registration that holds the pages.
+        let account_slot = KBox::<PinCharge>::new_uninit(GFP_KERNEL_ACCOUNT)?;
         // Taken right before the pin, after any wait of the provider's (see `provider::pin`).
         let reserve = || {
             // The user's own limit first: a user at it is refused without touching the
             // module's total, which other users' registrations are checked against meanwhile.
-            let user = UserCharge::new(&self.opener, args.len)?;
+            let mut user = UserCharge::new(&self.opener, args.len)?;
+            let user_bytes = user.take_bytes()?;
             let reservation = Reservation::new(&self.counters, args.len)?;
             let memlock = match args.provider {
                 uapi::PROVIDER_HOST => {
@@ -382,9 +387,9 @@ impl GdirectFile {
                 }
                 _ => None,
             };
-            Ok((user, reservation, memlock))
+            Ok((user, user_bytes, reservation, memlock))
         };
-        let (pinned, (user, reservation, memlock)) = provider::pin(
+        let (pinned, (user, user_bytes, reservation, memlock)) = provider::pin(
             args.provider,
             args.addr,
             args.len,
@@ -406,8 +411,18 @@ impl GdirectFile {
             _memlock: memlock,
             user,
         };
-        // From here the registration's `Drop` gives the reservation back.
+        // From here the registration's `Drop` gives the reservation back, through its share
+        // of the pin limits unless a revocation did (which may have come already: then at once).
         reservation.commit(args.provider);
+        let account = KBox::write(
+            account_slot,
+            PinCharge {
+                len: args.len,
+                counters: self.counters.clone(),
+                _user: user_bytes,
+            },
+        );
+        reg.shared.hold_account(account);
         let reg = Arc::new(reg, GFP_KERNEL_ACCOUNT)?;
 
         let mut next = self.next_index.lock();

@@ -37,6 +37,7 @@ use crate::{
         peer_device,
         PeerKind,
         PeerMapping,
+        PinAccount,
         RegShared, //
     },
     stats,
@@ -46,7 +47,10 @@ use crate::{
         Owner, //
     },
     uapi,
-    users::UserCharge,
+    users::{
+        UserBytes,
+        UserCharge, //
+    },
 };
 
 unsafe extern "C" {
@@ -73,6 +77,26 @@ impl FileCounters {
     }
 }
 
+/// A registration's share of the pin limits: its bytes in `max_pinned_bytes`, in its file's
+/// count and in its user's (`max_pinned_bytes_per_user`), given back when dropped. Its
+/// registration's [`RegShared`] holds it: a revocation drops it, else the registration's end.
+pub(crate) struct PinCharge {
+    pub(crate) len: u64,
+    pub(crate) counters: Arc<FileCounters>,
+    /// The user's share, given back by its own `Drop` after this one's.
+    pub(crate) _user: UserBytes,
+}
+
+impl PinAccount for PinCharge {}
+
+impl Drop for PinCharge {
+    fn drop(&mut self) {
+        stats::PINNED_BYTES.fetch_sub(self.len, Relaxed);
+        self.counters.pinned_bytes.fetch_sub(self.len, Relaxed);
+        // `_user` gives the user's share back next.
+    }
+}
+
 /// A registration: see the module docs.
 pub(crate) struct Registration {
     pub(crate) provider: u32,
@@ -86,9 +110,11 @@ pub(crate) struct Registration {
     pub(crate) pinned: Pinned,
     pub(crate) counters: Arc<FileCounters>,
     /// Host pages charged to the registering process (`RLIMIT_MEMLOCK`): held for its `Drop`,
-    /// which uncharges them after the pages are unpinned (the field order).
+    /// which uncharges them after the pages are unpinned (the field order). Host memory is
+    /// never revoked.
     pub(crate) _memlock: Option<MemlockCharge>,
-    /// The bytes charged to the registering user (`max_pinned_bytes_per_user`).
+    /// The registering user's accounts, for the I/O limits (its pinned bytes are in the
+    /// registration's [`PinCharge`]).
     pub(crate) user: UserCharge,
 }
 
@@ -204,11 +230,11 @@ impl Drop for Registration {
         // Undo the peer mappings; once revoked, the provider's callback undid them.
         let peers = self.shared.take_peers();
         drop(peers);
+        // The share of the pin limits, unless a revocation gave it back already.
+        drop(self.shared.take_account());
         stats::REGISTRATIONS.fetch_sub(1, Relaxed);
-        stats::PINNED_BYTES.fetch_sub(self.len, Relaxed);
         stats::BY_PROVIDER[self.provider as usize].fetch_sub(1, Relaxed);
         self.counters.registrations.fetch_sub(1, Relaxed);
-        self.counters.pinned_bytes.fetch_sub(self.len, Relaxed);
         // `pinned` is dropped next: it unpins or puts the pages.
     }
 }

@@ -116,6 +116,14 @@ pub(crate) enum Callback {
     Orphaned,
 }
 
+/// A registration's share of the pin limits (`max_pinned_bytes`, its user's, its file's), given
+/// back when it is dropped (`region::PinCharge`). The registration hands it to its [`RegShared`]:
+/// a revocation gives it back at once, since the provider has taken the pages back and nothing
+/// is pinned any more, so that memory freed under a registration that its owner has not yet
+/// unregistered (a process that does not know of the free) blocks no one's limit; otherwise the
+/// registration's end does.
+pub(crate) trait PinAccount: Send {}
+
 /// The state that a registration shares with its provider's revocation callback.
 struct SharedInner {
     revoked: bool,
@@ -131,6 +139,8 @@ struct SharedInner {
     /// The map type from the owner to the storage device last read through (a one-entry
     /// cache; the device is referenced, so its address names it while cached).
     map_type: Option<(ARef<pci::Device>, MapType)>,
+    /// The registration's share of the pin limits, until revoked or taken back.
+    account: Option<KBox<dyn PinAccount>>,
 }
 
 impl SharedInner {
@@ -182,6 +192,7 @@ impl RegShared {
                     peers: KVec::new(),
                     nvidia: None,
                     map_type: None,
+                    account: None,
                 }, "RegShared::inner"),
                 changed <- new_condvar!("RegShared::changed"),
             }),
@@ -298,13 +309,33 @@ impl RegShared {
         Ok(r)
     }
 
+    /// Holds the registration's share of the pin limits until a revocation or
+    /// [`Self::take_account`]; given back at once if the memory was revoked already (a free
+    /// that came between the pin and the registration).
+    pub(crate) fn hold_account(&self, account: KBox<dyn PinAccount>) {
+        let mut inner = self.inner.lock();
+        if inner.revoked {
+            drop(inner);
+            drop(account);
+            return;
+        }
+        inner.account = Some(account);
+    }
+
+    /// The share of the pin limits, unless a revocation gave it back (to be dropped by the
+    /// caller).
+    pub(crate) fn take_account(&self) -> Option<KBox<dyn PinAccount>> {
+        self.inner.lock().account.take()
+    }
+
     /// The peer mappings, taken out (to be undone by the caller, with no lock held).
     pub(crate) fn take_peers(&self) -> KVec<PeerMapping> {
         core::mem::take(&mut self.inner.lock().peers)
     }
 
     /// The provider takes the memory back: no new use may start, and this returns once the
-    /// current ones have ended, with the peer mappings for the provider to dispose of.
+    /// current ones have ended, with the peer mappings for the provider to dispose of. The
+    /// registration's share of the pin limits is given back: the pages are the provider's.
     pub(crate) fn revoke(&self) -> (KVec<PeerMapping>, Option<NvidiaRevoke>) {
         let mut inner = self.inner.lock();
         inner.revoked = true;
@@ -313,7 +344,11 @@ impl RegShared {
         while inner.users > 0 {
             self.changed.wait(&mut inner);
         }
-        (core::mem::take(&mut inner.peers), inner.nvidia)
+        let taken = (core::mem::take(&mut inner.peers), inner.nvidia);
+        let account = inner.account.take();
+        drop(inner);
+        drop(account);
+        taken
     }
 
     /// Moves the callback's state from one of `from` to `to`; returns the state it found.

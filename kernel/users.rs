@@ -231,7 +231,37 @@ impl UserCharge {
     }
 }
 
+/// A charge's pinned bytes, taken out of it ([`UserCharge::take_bytes`]) to be given back on
+/// their own: at a revocation, while the charge stays with its registration for its I/O.
+pub(crate) struct UserBytes {
+    users: KVec<Arc<UserPins>>,
+    bytes: u64,
+}
+
+impl Drop for UserBytes {
+    fn drop(&mut self) {
+        for user in self.users.iter() {
+            user.bytes.fetch_sub(self.bytes, Relaxed);
+        }
+    }
+}
+
 impl UserCharge {
+    /// The charge's pinned bytes, to be given back when the result is dropped; the charge keeps
+    /// its accounts for the I/O limits and gives back no bytes of its own any more. (An account
+    /// whose bytes are all given back leaves `USERS` at the next charge even while a revoked
+    /// registration still holds it: that registration can start no I/O.)
+    pub(crate) fn take_bytes(&mut self) -> Result<UserBytes> {
+        let mut users = KVec::with_capacity(self.users.len(), GFP_KERNEL)?;
+        for user in self.users.iter() {
+            users.push(user.clone(), GFP_KERNEL)?;
+        }
+        Ok(UserBytes {
+            users,
+            bytes: core::mem::take(&mut self.bytes),
+        })
+    }
+
     /// One more batched transfer for each account of the charge: `EDQUOT`, with nothing
     /// taken, when one of them has `max_in_flight_per_user` running already.
     pub(crate) fn start_transfer(&self) -> Result<TransferCharge> {

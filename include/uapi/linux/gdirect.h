@@ -120,10 +120,10 @@ struct gdirect_info_args {
 	/* out: this file */
 	__u32 file_registrations; /* registrations held by this file */
 	__u32 pad2; /* must be 0 */
-	__u64 file_pinned_bytes; /* bytes pinned by them */
+	__u64 file_pinned_bytes; /* bytes pinned by them (none for revoked ones) */
 	/* out: the whole module */
 	__u64 registrations; /* live registrations, all files */
-	__u64 pinned_bytes; /* bytes pinned by them */
+	__u64 pinned_bytes; /* bytes pinned by them (none for revoked ones) */
 	__u64 revocations; /* registrations revoked by their provider since load */
 	/* out: limits (module parameters max_pinned_bytes, max_registrations) */
 	__u64 max_pinned_bytes; /* all registrations together */

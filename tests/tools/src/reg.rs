@@ -9,6 +9,9 @@
 //!   errors PEER P2PMEM_BDF         every bad REGISTER/UNREGISTER/QUERY, one `case=ERRNO` line each
 //!   limits                         EDQUOT and EMFILE under small limits (module loaded with them)
 //!   revoke PEER [persistent]       free registered emulated GPU memory underneath
+//!   revoke-quota SIZE              with max_pinned_bytes = SIZE: a registration of SIZE bytes of
+//!                                  GPU memory, a second refused; the first's memory freed,
+//!                                  the second (its unregister still to come) let in
 //!   hold P2PMEM_BDF                register host, egpu and p2pmem memory, print ready, sleep
 //!   memcg SIZE COUNT               COUNT registrations of one host buffer of SIZE bytes: the
 //!                                  `kernel` bytes of the caller's memory cgroup before and after
@@ -192,6 +195,10 @@ fn main() -> ExitCode {
         },
         (Some("query-privilege"), _) => match (peer(1), peer(2)) {
             (Some(p), Some(u)) => query_privilege(p, u),
+            _ => return usage(),
+        },
+        (Some("revoke-quota"), _) => match num(1) {
+            Some(size) => revoke_quota(size),
             _ => return usage(),
         },
         (Some("revoke"), persistent) => match peer(1) {
@@ -1627,6 +1634,46 @@ fn limits() -> gdirect::Result<()> {
     Ok(())
 }
 
+/// Under `max_pinned_bytes` = `size`: memory freed under a registration its owner has not
+/// unregistered yet (the process does not know of the free) holds no share of the limit.
+fn revoke_quota(size: u64) -> gdirect::Result<()> {
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let verdict = |r: &gdirect::Result<_>| match r {
+        Ok(_) => "OK".to_string(),
+        Err(e) => e
+            .errno()
+            .map_or_else(|| e.to_string(), |e| format!("{e:?}")),
+    };
+    let first_alloc = gpu.alloc(size)?;
+    let second_alloc = gpu.alloc(size)?;
+    let first = driver.register(&first_alloc)?;
+    let refused = driver.register(&second_alloc);
+    println!("second_before_free={}", verdict(&refused));
+    drop(refused);
+    gpu.free_va(first_alloc.va())?;
+    let info = driver.info()?;
+    println!(
+        "after_free registrations={} pinned_bytes={} file_pinned_bytes={} user_pinned_bytes={}",
+        info.registrations, info.pinned_bytes, info.file_pinned_bytes, info.user_pinned_bytes
+    );
+    let second = driver.register(&second_alloc);
+    println!("second_after_free={}", verdict(&second));
+    let info = driver.info()?;
+    println!(
+        "both registrations={} pinned_bytes={}",
+        info.registrations, info.pinned_bytes
+    );
+    drop(second);
+    first.unregister()?;
+    let info = driver.info()?;
+    println!(
+        "after_unregister registrations={} pinned_bytes={}",
+        info.registrations, info.pinned_bytes
+    );
+    Ok(())
+}
+
 fn revoke(peer: PciAddress, persistent: bool) -> gdirect::Result<()> {
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
@@ -1656,6 +1703,11 @@ fn revoke(peer: PciAddress, persistent: bool) -> gdirect::Result<()> {
             .map_or("OK".into(), |e| format!("{e:?}"))
     );
     println!("revocations_delta={}", driver.info()?.revocations - before);
+    let info = driver.info()?;
+    println!(
+        "after_free registrations={} pinned_bytes={} file_pinned_bytes={} user_pinned_bytes={}",
+        info.registrations, info.pinned_bytes, info.file_pinned_bytes, info.user_pinned_bytes
+    );
     println!(
         "egpu_allocations_before_unregister={}",
         gpu.info()?.allocations

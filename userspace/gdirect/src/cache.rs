@@ -20,8 +20,9 @@ use crate::{
 };
 
 /// The most allocations the cache keeps an entry for: a registration of memory freed since
-/// (revoked, its entry not met again) still counts in the module's limits until it is dropped,
-/// so the entries are bounded and any one may go (it is made again when next needed).
+/// (revoked, its entry not met again) pins nothing and holds no share of the pin limits, but
+/// counts in its file's `max_registrations` until it is dropped, so the entries are bounded and
+/// any one may go (it is made again when next needed).
 const MOST: usize = 256;
 
 /// One allocation's entry.
