@@ -395,6 +395,25 @@ impl Transfer {
         Ok((path, reason, target.transport))
     }
 
+    /// `ENODEV` when the PCI function of the registration's memory is gone: a GPU that fell off
+    /// the bus (a surprise removal the kernel has not acted on yet) reads all ones in its config
+    /// space, and its BAR decodes nothing: writes into it are dropped (posted writes get no
+    /// completion, so the storage device completes the command as if they landed) and reads of
+    /// it return no data of its. Checked around each chunk, so that no transfer claims bytes
+    /// that went nowhere, and no write puts what a dead BAR returned into the file where the
+    /// check comes first.
+    fn owner_present(&self) -> Result {
+        let Some(owner) = &self.reg.owner else {
+            return Ok(());
+        };
+        // SAFETY: `owner.dev` is a referenced PCI device; the call reads its vendor ID.
+        if unsafe { bindings::pci_device_is_present(topology::raw_pci(&owner.dev)) } {
+            Ok(())
+        } else {
+            Err(ENODEV)
+        }
+    }
+
     /// How the storage's DMA device `dev` reaches the registration's memory.
     fn reach_from(&self, dev: &ARef<pci::Device>) -> Reach {
         let Some(owner) = &self.reg.owner else {
@@ -427,13 +446,16 @@ impl Transfer {
                 let _use = self.reg.shared.begin_io(n)?;
                 (len, n) = self.limit_first(done, len, n)?;
                 let bvecs = bvecs(&self.reg, self.buf_offset + done, n)?;
-                direct_io(
+                self.owner_present()?;
+                let got = direct_io(
                     &self.file,
                     self.dir,
                     self.file_offset + done,
                     bvecs.as_slice(),
                     n,
-                )?
+                )?;
+                self.owner_present()?;
+                got
             };
             done += got;
             if got < n {
@@ -463,6 +485,7 @@ impl Transfer {
                         // SAFETY: `dev` addresses `n` bytes of mapped memory (`copy_device`).
                         unsafe { chunk.copy_out(off, dev, n) }
                     })?;
+                    self.owner_present()?;
                     got
                 }
                 Dir::Write => {
@@ -473,6 +496,8 @@ impl Transfer {
                             unsafe { chunk.copy_in(off, dev, len) }
                         })?;
                     }
+                    // What a dead BAR returned never reaches the file.
+                    self.owner_present()?;
                     let _io = self.reg.user.start_io(n)?;
                     (len, n) = self.limit_first(done, len, n)?;
                     let bvecs = chunk.bvecs(n)?;

@@ -621,9 +621,22 @@ impl Egpu {
         Ok((VA_BASE + va_page as u64 * PAGE, first))
     }
 
-    /// Reports (`WARN`) BAR page `page`, poisoned by a free, if it no longer holds the pattern.
+    /// Whether the GPU has fallen off the bus (a surprise removal): its config space reads all
+    /// ones, as RM finds a lost GPU by a register read of all ones (`gpuSanityCheckRegRead`,
+    /// then `osHandleGpuLost`). Its BAR then decodes nothing: what a read of it returns says
+    /// nothing of what was written there.
+    fn fell_off_bus(&self) -> bool {
+        let mut vendor: u16 = 0xffff;
+        // SAFETY: `pdev` is a referenced PCI device; `vendor` is a valid location (left all
+        // ones if the read fails).
+        unsafe { bindings::pci_read_config_word(raw_pci(&*self.pdev), 0, &mut vendor) };
+        vendor == 0xffff
+    }
+
+    /// Reports (`WARN`) BAR page `page`, poisoned by a free, if it no longer holds the pattern
+    /// (unless the GPU has fallen off the bus).
     fn check_freed_page(&self, page: usize) {
-        if !self.still_freed_poison(page) {
+        if !self.still_freed_poison(page) && !self.fell_off_bus() {
             pr_err!(
                 "BAR page {page} (offset {:#x}) was written after it was freed: a DMA or a CPU \
                  write reached GPU memory its owner had given back\n",

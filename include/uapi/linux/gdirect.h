@@ -341,7 +341,12 @@ struct gdirect_query_args {
  *  ENOTBLK     the file is not on a block device (no direct I/O to route).
  *  ENODEV      the file's block device went away (hot removal, an NVMe-oF
  *              controller deleted): a transfer never reports the bytes it got
- *              before that as a short success.
+ *              before that as a short success. Or the PCI function of the
+ *              registration's device memory is gone (a GPU that fell off the
+ *              bus reads all ones in its config space; its BAR decodes
+ *              nothing): checked before and after each chunk, so a transfer
+ *              never claims bytes DMA'd into a dead BAR, and a write does not
+ *              pass on what one returned when the check comes first.
  *  EINTR       READ and WRITE: a signal came while the transfer waited for
  *              room, for a bounce buffer or under max_in_flight_bytes or
  *              max_in_flight_bytes_per_user (the call is restarted instead

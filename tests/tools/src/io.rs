@@ -3,6 +3,9 @@
 //! lines for failed checks) that the scripts assert, and exits 1 when a check failed.
 //!
 //! Usage: gdirect-io SCENARIO ARGS...
+//!   slot-power PORT on|off        power the PCIe slot below PORT (a sysfs PCI name) on or off
+//!                                 through its Slot Control register, as a hot-plug controller
+//!                                 does (QEMU detaches the devices of a slot powered off)
 //!   random COUNT SEED DEV...      COUNT reads of random offsets and lengths from random DEVs into
 //!                                 emulated GPU memory, random paths; every byte checked against
 //!                                 a buffered read of the same range
@@ -230,6 +233,11 @@ fn main() -> ExitCode {
             _ => return usage(),
         },
         Some("fiemap") if args.len() == 2 => fiemap(&args[1]),
+        Some("slot-power") if args.len() == 3 => match args[2].as_str() {
+            "on" => slot_power(&args[1], true),
+            "off" => slot_power(&args[1], false),
+            _ => return usage(),
+        },
         Some("direct-cache") if args.len() == 3 => direct_cache(&args[1], &args[2]),
         Some("module-range") if args.len() == 2 => {
             return match module_text_range(&args[1]) {
@@ -307,6 +315,60 @@ struct FiemapExtent {
 const _: () = assert!(std::mem::size_of::<FiemapExtent>() == 56);
 const _: () = assert!(std::mem::size_of::<Fiemap<0>>() == 32);
 nix::ioctl_readwrite_bad!(fs_ioc_fiemap, 0xC020_660B, Fiemap<64>);
+
+/// Powers the PCIe slot of downstream or root port `port` (a sysfs name) off or on through its
+/// Slot Control register (power controller and power indicator), as a hot-plug controller would:
+/// QEMU detaches the devices of a slot whose power goes off, and a later device_add is powered
+/// when it goes on. Prints the register before and after, and the slot's presence after.
+fn slot_power(port: &str, on: bool) -> gdirect::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let path = format!("/sys/bus/pci/devices/{port}/config");
+    let io_error = |path: &str, e: std::io::Error| Error::OpenFile {
+        path: path.into(),
+        errno: Errno::from_raw(e.raw_os_error().unwrap_or(5)),
+    };
+    let config = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| io_error(&path, e))?;
+    let read16 = |at: u64| -> gdirect::Result<u16> {
+        let mut b = [0u8; 2];
+        config
+            .read_exact_at(&mut b, at)
+            .map_err(|e| io_error(&path, e))?;
+        Ok(u16::from_le_bytes(b))
+    };
+    // The PCI Express capability (ID 0x10), from the capability list at 0x34.
+    let mut at = u64::from(read16(0x34)? & 0xfc);
+    let mut cap = None;
+    for _ in 0..48 {
+        if at == 0 {
+            break;
+        }
+        let header = read16(at)?;
+        if header & 0xff == 0x10 {
+            cap = Some(at);
+            break;
+        }
+        at = u64::from((header >> 8) & 0xfc);
+    }
+    let Some(cap) = cap else {
+        println!("FAIL: {port} has no PCI Express capability");
+        return Ok(());
+    };
+    // Slot Control at +0x18: Power Indicator Control bits 9:8 (01 on, 11 off), Power Controller
+    // Control bit 10 (1: off). Slot Status at +0x1a: Presence Detect State bit 6.
+    let before = read16(cap + 0x18)?;
+    let after = (before & !0x0700) | if on { 0x0100 } else { 0x0700 };
+    config
+        .write_all_at(&after.to_le_bytes(), cap + 0x18)
+        .map_err(|e| io_error(&path, e))?;
+    let now = read16(cap + 0x18)?;
+    let present = read16(cap + 0x1a)? & 0x40 != 0;
+    println!("slot_control={before:#06x} written={after:#06x} now={now:#06x} present={present}");
+    Ok(())
+}
 
 fn fiemap(path: &str) -> gdirect::Result<()> {
     const FIEMAP_FLAG_SYNC: u32 = 1;

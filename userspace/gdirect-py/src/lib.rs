@@ -21,7 +21,7 @@ use gdirect::{
         SegmentRead, Sink, Source,
     },
     gpu::{CompatMode, RdmaFacts},
-    CompatReason, CudaError, DirectCache, Error, Provider, Transfer,
+    CompatReason, CudaError, DirectCache, Error, IoPath, Provider, Transfer,
 };
 use pyo3::{
     exceptions::{PyMemoryError, PyOSError, PyRuntimeError, PyTimeoutError, PyValueError},
@@ -671,11 +671,13 @@ impl File {
     }
 }
 
-/// What `read_cuda_many` did: the compat engine's report and why it read (when it did), and
-/// each read's result.
+/// What `read_cuda_many` did: the compat engine's report and why it read (when it did), each
+/// read's result, and the bytes the module moved peer to peer (the rest of its bytes it
+/// bounced).
 type ManyCuda = (
     Option<(gdirect::compat::Report, CompatReason)>,
     Vec<SegmentRead>,
+    u64,
 );
 
 /// One read into CUDA memory of a batch (`read_many`, futures, `submit`).
@@ -704,11 +706,15 @@ unsafe fn read_cuda_many(
     }
     let mut each = vec![SegmentRead::default(); reads.len()];
     let mut compat: Vec<(usize, CompatReason)> = Vec::new();
+    let mut p2p_bytes = 0;
     for (i, r) in reads.iter().enumerate() {
         // SAFETY: the function's contract; the context's work was waited for above.
         let routed = unsafe { via_module(&r.io, true, true, engine) }?;
         match routed {
             Ok(t) => {
+                if t.path == IoPath::P2p {
+                    p2p_bytes += t.bytes;
+                }
                 each[i] = SegmentRead {
                     bytes: t.bytes,
                     eof: t.eof,
@@ -718,7 +724,7 @@ unsafe fn read_cuda_many(
         }
     }
     let Some(&(_, why)) = compat.first() else {
-        return Ok((None, each));
+        return Ok((None, each, p2p_bytes));
     };
     let segs: Vec<Segment<'_>> = compat
         .iter()
@@ -738,7 +744,7 @@ unsafe fn read_cuda_many(
     for (&(i, _), g) in compat.iter().zip(got) {
         each[i] = g;
     }
-    Ok((Some((report, why)), each))
+    Ok((Some((report, why)), each, p2p_bytes))
 }
 
 /// The report of a `read_many`, and each range's `(bytes, eof)`.
@@ -790,6 +796,7 @@ fn read_many<'py>(
     let t0 = Instant::now();
     let mut reason = host_reason();
     let mut many_module_bytes = 0;
+    let mut many_p2p_bytes = 0;
     let segs: Vec<Segment<'_>> = reads
         .iter()
         .map(|r| Segment {
@@ -832,7 +839,7 @@ fn read_many<'py>(
                     })
                 })
                 .collect();
-            let (compat, got) = py
+            let (compat, got, p2p_bytes) = py
                 .allow_threads(|| {
                     // SAFETY: as in `File::read_cuda`, for each range (checked above against
                     // its allocation on this GPU); they do not overlap (checked above).
@@ -853,6 +860,7 @@ fn read_many<'py>(
             let mut all = compat.map(|(r, _)| r).unwrap_or_default();
             all.bytes += module_bytes;
             many_module_bytes = module_bytes;
+            many_p2p_bytes = p2p_bytes;
             (all, each)
         }
     };
@@ -865,7 +873,14 @@ fn read_many<'py>(
     if many_module_bytes > 0 {
         report.set_item("module_bytes", many_module_bytes)?;
         if many_module_bytes == all.bytes {
+            // The module served every range: peer to peer only if it moved every byte so.
             report.set_item("engine", "module")?;
+            let path = if many_p2p_bytes == all.bytes {
+                "p2p"
+            } else {
+                "bounce"
+            };
+            report.set_item("path", path)?;
         }
     }
     Ok((report, each.iter().map(|r| (r.bytes, r.eof)).collect()))

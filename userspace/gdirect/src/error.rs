@@ -338,9 +338,10 @@ pub enum Error {
         path: PathBuf,
     },
 
-    /// The file's block device went away during the transfer (hot removal, an NVMe-oF
-    /// controller deleted).
-    #[error("the block device of {path} went away during the transfer")]
+    /// A device of the transfer went away during it: the file's block device (hot removal, an
+    /// NVMe-oF controller deleted), or the PCI function of the registered device memory (a GPU
+    /// that fell off the bus).
+    #[error("a device of the transfer went away during it: the block device of {path}, or the PCI function of the registered memory")]
     DeviceGone {
         /// The file.
         path: PathBuf,
@@ -685,7 +686,8 @@ pub enum ErrorKind {
     OutOfRegistration,
     /// The file is not on a block device ([`Error::NotBlockBacked`]).
     NotBlockBacked,
-    /// The block device went away ([`Error::DeviceGone`]).
+    /// The block device, or the registered memory's PCI function, went away
+    /// ([`Error::DeviceGone`]).
     DeviceGone,
     /// A transfer failed in the storage stack ([`Error::Io`]).
     Io,

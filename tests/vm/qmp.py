@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: GPL-2.0
+"""QEMU monitor (QMP) commands the rig's host side makes for a test's request.
+
+  qmp.py device-del SOCKET ID                  device_del of the device named ID
+
+Prints OK, or FAIL with QEMU's error.
+"""
+import json
+import socket
+import sys
+
+
+def execute(path, command, arguments=None):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(path)
+    f = s.makefile("rw")
+    json.loads(f.readline())  # greeting
+    reply = None
+    for cmd in ({"execute": "qmp_capabilities"}, {"execute": command, "arguments": arguments or {}}):
+        f.write(json.dumps(cmd) + "\n")
+        f.flush()
+        while True:
+            reply = json.loads(f.readline())
+            if "return" in reply or "error" in reply:
+                break
+    s.close()
+    return reply
+
+
+def main(argv):
+    if len(argv) == 4 and argv[1] == "device-del":
+        reply = execute(argv[2], "device_del", {"id": argv[3]})
+    else:
+        raise SystemExit(__doc__)
+    print("OK" if "return" in reply else f"FAIL {reply.get('error', {}).get('desc', reply)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
