@@ -27,25 +27,14 @@ DMA faulted) counts as `untranslated`; `faults` counts the IOMMU's DMA faults
                                            untranslated faults (the IOMMU rig)
   dma_trace.py faults TRACE                print the IOMMU's DMA faults in the whole trace
 """
-import json
 import re
-import socket
 import sys
+
+from qmp import execute
 
 
 def qmp(path, command):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(path)
-    f = s.makefile("rw")
-    json.loads(f.readline())  # greeting
-    for cmd in ({"execute": "qmp_capabilities"}, {"execute": command}):
-        f.write(json.dumps(cmd) + "\n")
-        f.flush()
-        while True:
-            reply = json.loads(f.readline())
-            if "return" in reply or "error" in reply:
-                break
-    return reply["return"]
+    return execute(path, command)["return"]
 
 
 def devices(buses):
