@@ -439,6 +439,9 @@ impl Transfer {
         let (mut len, mut done) = (self.len, 0);
         while done < len {
             let mut n = (len - done).min(DIRECT_CHUNK);
+            // The memory's device checked with no use held: a free never waits for a config read
+            // (which a dead link may answer only at its completion timeout).
+            self.owner_present()?;
             let got = {
                 // Room in the user's share of the storage first, then in the registration's
                 // (what a revocation waits for): neither is held while the other is awaited.
@@ -446,17 +449,18 @@ impl Transfer {
                 let _use = self.reg.shared.begin_io(n)?;
                 (len, n) = self.limit_first(done, len, n)?;
                 let bvecs = bvecs(&self.reg, self.buf_offset + done, n)?;
-                self.owner_present()?;
-                let got = direct_io(
+                direct_io(
                     &self.file,
                     self.dir,
                     self.file_offset + done,
                     bvecs.as_slice(),
                     n,
-                )?;
-                self.owner_present()?;
-                got
+                )
             };
+            // A chunk that failed or claimed bytes while the device went away: ENODEV (a read
+            // of a dead BAR may also fail the command, with EIO).
+            self.owner_present()?;
+            let got = got?;
             done += got;
             if got < n {
                 return Ok((done, self.dir == Dir::Read, 0));
@@ -480,11 +484,14 @@ impl Transfer {
                         let _io = self.reg.user.start_io(n)?;
                         direct_io(&self.file, Dir::Read, pos, bvecs.as_slice(), n)?
                     };
-                    let _use = self.reg.shared.begin_use()?;
-                    copy_device(&self.reg, buf, got, |off, dev, n| {
-                        // SAFETY: `dev` addresses `n` bytes of mapped memory (`copy_device`).
-                        unsafe { chunk.copy_out(off, dev, n) }
-                    })?;
+                    {
+                        let _use = self.reg.shared.begin_use()?;
+                        copy_device(&self.reg, buf, got, |off, dev, n| {
+                            // SAFETY: `dev` addresses `n` bytes of mapped memory (`copy_device`).
+                            unsafe { chunk.copy_out(off, dev, n) }
+                        })?;
+                    }
+                    // Copied into a BAR that still decodes: else ENODEV (no use held).
                     self.owner_present()?;
                     got
                 }

@@ -70,8 +70,13 @@ struct UserPins {
     /// The real uid, as the kernel knows it (`kuid_t`, the initial namespace's value).
     uid: u32,
     bytes: Atomic<u64>,
+    /// The [`UserCharge`]s that hold the account: one per registration, revoked ones too (their
+    /// bytes given back, their transfers still counted here until they end). A user stays
+    /// listed while it has bytes or charges, so that every charge of one uid counts against the
+    /// same limits.
+    charges: Atomic<u64>,
     /// Batched transfers queued or running, until their work item is done (each holds a
-    /// registration, so a user with one has bytes pinned too, and stays listed).
+    /// registration, and so a charge).
     transfers: Atomic<u64>,
     /// Bounce chunks held (changed only under the bounce pool's lock).
     bounce: Atomic<u64>,
@@ -197,8 +202,9 @@ impl UserCharge {
             gate: IO_GATE.lock().clone().ok_or(ENODEV)?,
         };
         let mut users = USERS.lock();
-        // Users with nothing pinned leave; none is being charged (that happens under the lock).
-        users.retain(|u| u.bytes.load(Relaxed) != 0);
+        // Users with nothing pinned and no charge leave; none is being charged (that happens
+        // under the lock).
+        users.retain(|u| u.bytes.load(Relaxed) != 0 || u.charges.load(Relaxed) != 0);
         for &uid in opener.uids.iter() {
             let user = match users.iter().find(|u| u.uid == uid) {
                 Some(u) => u.clone(),
@@ -207,6 +213,7 @@ impl UserCharge {
                         UserPins {
                             uid,
                             bytes: Atomic::new(0),
+                            charges: Atomic::new(0),
                             transfers: Atomic::new(0),
                             bounce: Atomic::new(0),
                             io_bytes: Atomic::new(0),
@@ -225,6 +232,10 @@ impl UserCharge {
             if let Err(PushError(user)) = charge.users.push_within_capacity(user) {
                 user.bytes.fetch_sub(bytes, Relaxed);
                 return Err(ENOMEM);
+            }
+            // Given back by `charge`'s drop, as its bytes are.
+            if let Some(user) = charge.users.last() {
+                user.charges.fetch_add(1, Relaxed);
             }
         }
         Ok(charge)
@@ -248,9 +259,8 @@ impl Drop for UserBytes {
 
 impl UserCharge {
     /// The charge's pinned bytes, to be given back when the result is dropped; the charge keeps
-    /// its accounts for the I/O limits and gives back no bytes of its own any more. (An account
-    /// whose bytes are all given back leaves `USERS` at the next charge even while a revoked
-    /// registration still holds it: that registration can start no I/O.)
+    /// its accounts for the I/O limits (listed while it holds them) and gives back no bytes of
+    /// its own any more.
     pub(crate) fn take_bytes(&mut self) -> Result<UserBytes> {
         let mut users = KVec::with_capacity(self.users.len(), GFP_KERNEL)?;
         for user in self.users.iter() {
@@ -387,6 +397,7 @@ impl Drop for UserCharge {
     fn drop(&mut self) {
         for user in self.users.iter() {
             user.bytes.fetch_sub(self.bytes, Relaxed);
+            user.charges.fetch_sub(1, Relaxed);
         }
     }
 }

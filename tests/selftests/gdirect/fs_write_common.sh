@@ -4,10 +4,12 @@
 # with FS set to ext4 or xfs. Formats a namespace of the switch NVMe and writes
 # 4 MiB from GPU memory (bytes the host knows: a region of the other drive) into
 # three kinds of file: an empty one the write extends, a preallocated one
-# (unwritten extents) and a sparse one (a hole). Each write is checked three
-# ways: its report (bytes, path), the file read back in the guest, and the host,
-# which finds the file's extents (FIEMAP, the file system's own map) in its
-# image of the namespace and compares them with its image of the other drive.
+# (unwritten extents) and a sparse one (a hole). Each write is checked four
+# ways: its report (bytes, path), QEMU's trace of the drive's DMA judged by the
+# host (the 4 MiB read from the GPU's BAR), the file read back in the guest, and
+# the host, which finds the file's extents (FIEMAP, the file system's own map)
+# in its image of the namespace and compares them with its image of the other
+# drive.
 
 mnt=/mnt/gdirect-w-$FS
 cleanup() {
@@ -28,7 +30,7 @@ src_at=$((24 * MiB))
 [ "$FS" = xfs ] && src_at=$((28 * MiB))
 
 ktap_print_header
-ktap_set_plan 14
+ktap_set_plan 17
 
 _test "$FS made on $fsdev and mounted" _fs_make "$FS" "$fsdev" "$mnt"
 dd if="$src_dev" of=/tmp/fs-write-src bs=1M skip=$((src_at / MiB)) count=4 iflag=direct 2>/dev/null
@@ -54,11 +56,14 @@ host_extents() {
 
 # Usage: case NAME FILE OFFSET: write, then check the report, the guest's and the host's view.
 write_case() {
+	_dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
 	out=$(gdirect write "$2" --from /tmp/fs-write-src --mem egpu --offset "$3" --json)
 	rc=$?
 	ktap_print_msg "$1: $(echo "$out" | jq -c '{bytes,path,reason,bounce_bytes}' 2>/dev/null)"
 	_test "$1: 4 MiB written from GPU memory, peer to peer" \
 		_expect_eq "exit bytes path" "0 $((4 * MiB)) p2p" "$rc $(echo "$out" | jq -r '"\(.bytes) \(.path)"')"
+	_test "$1: QEMU's trace (the host's verdict): the drive read the 4 MiB from the GPU's BAR" \
+		_dma_expect bar_write=$((4 * MiB))
 	readback() { dd if="$2" bs=1M skip=$(($3 / MiB)) count=4 iflag=direct 2>/dev/null | cmp - /tmp/fs-write-src; }
 	_test "$1: the guest reads the bytes back" readback "$1" "$2" "$3"
 	_test "$1: the host finds them where $FS put them (FIEMAP)" host_extents "$2" "$3"

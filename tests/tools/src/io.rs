@@ -5,7 +5,7 @@
 //! Usage: gdirect-io SCENARIO ARGS...
 //!   slot-power PORT on|off        power the PCIe slot below PORT (a sysfs PCI name) on or off
 //!                                 through its Slot Control register, as a hot-plug controller
-//!                                 does (QEMU detaches the devices of a slot powered off)
+//!                                 does (QEMU 7.2 leaves its device unpowered, answering nothing)
 //!   random COUNT SEED DEV...      COUNT reads of random offsets and lengths from random DEVs into
 //!                                 emulated GPU memory, random paths; every byte checked against
 //!                                 a buffered read of the same range
@@ -318,8 +318,9 @@ nix::ioctl_readwrite_bad!(fs_ioc_fiemap, 0xC020_660B, Fiemap<64>);
 
 /// Powers the PCIe slot of downstream or root port `port` (a sysfs name) off or on through its
 /// Slot Control register (power controller and power indicator), as a hot-plug controller would:
-/// QEMU detaches the devices of a slot whose power goes off, and a later device_add is powered
-/// when it goes on. Prints the register before and after, and the slot's presence after.
+/// QEMU 7.2 leaves the device of a slot whose power is off unpowered (its config space reads all
+/// ones, its BAR decodes nothing) and powers it again when the slot's power comes back. Prints
+/// the register before and after, and the slot's presence bit after.
 fn slot_power(port: &str, on: bool) -> gdirect::Result<()> {
     use std::os::unix::fs::FileExt;
     let path = format!("/sys/bus/pci/devices/{port}/config");
