@@ -413,11 +413,11 @@ fn reads_and_writes_run_on_the_engines_own_threads_every_time() {
     }
     room.truncate(0);
     let threads = lock(&e.worker_threads).clone();
-    // Threads spawned per read would be new ones every time: 8 reads and 3 writes of 3
-    // workers each would have shown up to 33.
-    assert_eq!(
-        threads.len(),
-        3,
+    // Threads spawned per read would be new ones every time: 8 reads and 3 writes, each
+    // handing 2 tasks to the pool, would have shown up to 22. Which of the pool's 3 threads
+    // take the tasks is the scheduler's choice (on a loaded machine one may take none).
+    assert!(
+        (1..=3).contains(&threads.len()),
         "the workers ran on {} threads",
         threads.len()
     );
