@@ -59,7 +59,7 @@ _bg_read_start "$slow" --mem egpu --offset 8M --len 48M --chunk 48M
 _test "a read into GPU memory is in flight" _wait_active_transfer
 
 unplug() {
-	_host_request GPU-UNPLUG || return 1
+	_host_request UNPLUG gpu || return 1
 	out=$(gdirect-io slot-power "$port" off) || return 1
 	ktap_print_msg "slot of $port: $out"
 	_expect_eq "slot control (power indicator and controller off)" 0x07 "$(_kv "$out" now | cut -c1-4)"
