@@ -3,6 +3,8 @@
 """QEMU monitor (QMP) commands the rig's host side makes for a test's request.
 
   qmp.py device-del SOCKET ID                  device_del of the device named ID
+  qmp.py throttle SOCKET DRIVE BPS             the drive's I/O limit: BPS bytes a second, read
+                                               and write together (block_set_io_throttle)
 
 Prints OK, or FAIL with QEMU's error.
 """
@@ -32,6 +34,9 @@ def execute(path, command, arguments=None):
 def main(argv):
     if len(argv) == 4 and argv[1] == "device-del":
         reply = execute(argv[2], "device_del", {"id": argv[3]})
+    elif len(argv) == 5 and argv[1] == "throttle" and argv[4].isdigit():
+        limits = {k: 0 for k in ("bps_rd", "bps_wr", "iops", "iops_rd", "iops_wr")}
+        reply = execute(argv[2], "block_set_io_throttle", {"device": argv[3], "bps": int(argv[4]), **limits})
     else:
         raise SystemExit(__doc__)
     print("OK" if "return" in reply else f"FAIL {reply.get('error', {}).get('desc', reply)}")

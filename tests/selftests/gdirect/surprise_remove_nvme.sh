@@ -1,16 +1,18 @@
 #!/bin/sh
 # SPDX-License-Identifier: GPL-2.0
 #
-# An NVMe that falls off the bus during a P2P read: the host asks QEMU's monitor to delete the
-# controller under the switch (device_del) and its slot's power is cut while a 96 MiB read into
-# GPU memory (from the namespace QEMU throttles to 32 MB/s, about 3 s) is outstanding at the
-# drive: the block layer's own in-flight count, not the module's, shows the drive holding it
+# An NVMe that falls off the bus during reads: the host asks QEMU's monitor to delete the
+# controller under the switch (device_del) and its slot's power is cut while a 48 MiB P2P read
+# into GPU memory and an 8 MiB read forced through the bounce buffers, from the namespace QEMU
+# throttles (slowed to 4 MB/s for the test, so that both stay in flight however long each
+# command takes to start), are outstanding: the kernel, not the module, shows both processes
+# inside their GDIRECT_IOC_READ, and the block layer's in-flight count the drive holding reads
 # when the slot goes dark. (QEMU 7.2 completes a device_del only through the guest's hot-plug
 # driver, which the rig's kernel does not have; with its slot unpowered the controller answers
 # nothing: its registers read all ones, and its DMA and interrupts go nowhere.) No driver is
 # told: the kernel sees a device go dark, not an orderly remove. The drive's commands time out
-# (the namespace's timeout set to 2 s), the NVMe driver finds the controller reading all ones
-# and takes it down, and the read fails with EIO or ENODEV without hanging, claiming no byte.
+# (the namespace's timeout set to 5 s), the NVMe driver finds the controller reading all ones
+# and takes it down, and each read fails with EIO or ENODEV without hanging, claiming no byte.
 # Nothing stays registered, pinned by the kernel's count or held by the GPU. The device's
 # removal from the kernel (what a hot-plug driver does next) runs without a report; powered
 # again and rescanned, the controller returns with its namespaces, and a P2P read from it into
@@ -22,7 +24,9 @@
 bdf= port=
 _nvme_answers() { [ "$(od -An -tx2 -N2 "/sys/bus/pci/devices/$bdf/config" 2>/dev/null | tr -d ' ')" = 1b36 ]; }
 cleanup() {
+	_host_request THROTTLE nvme0ns4 33554432
 	[ -n "${_BG_PID:-}" ] && kill -9 "$_BG_PID" 2>/dev/null
+	[ -n "${bounced:-}" ] && kill -9 "$bounced" 2>/dev/null
 	wait 2>/dev/null
 	# The rig's NVMe back for the tests after this one.
 	if [ -n "$port" ] && { [ ! -e "/sys/bus/pci/devices/$bdf/driver" ] || ! _nvme_answers; }; then
@@ -45,19 +49,31 @@ queue=/sys/block/$(basename "$slow")
 M=1048576
 
 ktap_print_header
-ktap_set_plan 9
+ktap_set_plan 11
 
 # The block layer's count of the namespace's reads that the drive holds (issued, not ended).
 _drive_reads() { read -r r _ <"$queue/inflight" && echo "$r"; }
-echo 2000 >"$queue/queue/io_timeout"
-_bg_read_start "$slow" --mem egpu --offset 8M --len 96M --chunk 96M
-outstanding() {
-	i=0
-	while [ "$(_drive_reads)" -eq 0 ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
-	[ "$(_drive_reads)" -gt 0 ]
+# Whether process $1 is inside GDIRECT_IOC_READ, as the kernel shows its system call
+# (ioctl, 16 on x86-64, and the command's type and number, 0xD6 and 0x04).
+_in_read_ioctl() {
+	read -r nr _ cmd _ <"/proc/$1/syscall" 2>/dev/null && [ "$nr" = 16 ] &&
+		[ $((cmd & 0xffff)) -eq $((0xd604)) ]
 }
-_test "a P2P read is outstanding at the drive (the block layer's count)" outstanding
-
+_test "the throttled namespace slowed to 4 MB/s (QEMU's monitor)" _host_request THROTTLE nvme0ns4 4194304
+echo 5000 >"$queue/queue/io_timeout"
+# Each read in its ioctl, or 30 s.
+_wait_in_read() {
+	deadline=$(($(date +%s) + 30))
+	until _in_read_ioctl "$1" || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.02; done
+}
+_bg_read_start "$slow" --mem egpu --offset 8M --len 48M --chunk 48M
+_wait_in_read "$_BG_PID"
+env -u GDIRECT_EGPU_KEEP gdirect read "$slow" --mem egpu --offset 56M --len 8M --chunk 8M \
+	--force-bounce --json >/tmp/bounced.json 2>/tmp/bounced.err &
+bounced=$!
+_wait_in_read "$bounced"
+both_in() { _in_read_ioctl "$_BG_PID" && _in_read_ioctl "$bounced"; }
+_test "both reads are in their GDIRECT_IOC_READ (the kernel's view of their system calls)" both_in
 unplug() {
 	_host_request UNPLUG nvme0 || return 1
 	out=$(gdirect-io slot-power "$port" off) || return 1
@@ -68,17 +84,27 @@ _test "device_del through QEMU's monitor, and the controller's slot powered off"
 dark() {
 	n=$(_drive_reads)
 	ktap_print_msg "reads the drive holds as its slot goes dark: $n"
-	[ "$n" -gt 0 ] &&
+	[ "$n" -gt 0 ] && _in_read_ioctl "$bounced" &&
 		_expect_eq "vendor id" ffff "$(od -An -tx2 -N2 "/sys/bus/pci/devices/$bdf/config" | tr -d ' ')"
 }
-_test "the drive went dark holding the read's commands, its config space reading all ones" dark
+_test "the drive went dark holding reads (the block layer's count) in both reads' ioctls, its config space reading all ones" dark
 
 _bg_read_wait 60
 failed() {
 	_bg_read_failed_cleanly &&
 		case "$(echo "$BG_JSON" | jq -r .error.errno)" in ENODEV | EIO) true ;; *) false ;; esac
 }
-_test "the in-flight read failed with EIO or ENODEV, claiming no byte" failed
+_test "the in-flight P2P read failed with EIO or ENODEV, claiming no byte" failed
+wait "$bounced"
+brc=$?
+bounced=
+bjson=$(cat /tmp/bounced.json)
+ktap_print_msg "the bounced read: exit $brc: $(echo "$bjson" | jq -c '{bytes,path,error:.error.errno}' 2>/dev/null) $(head -c 200 /tmp/bounced.err)"
+bounce_failed() {
+	[ "$brc" -ne 0 ] && [ "$(echo "$bjson" | jq -r .bytes)" = null ] &&
+		case "$(echo "$bjson" | jq -r .error.errno)" in ENODEV | EIO) true ;; *) false ;; esac
+}
+_test "the in-flight bounced read failed with EIO or ENODEV, claiming no byte" bounce_failed
 _test "within 60 s" sh -c "[ $BG_SECONDS -lt 60 ]"
 echo "GDIRECT-FIGURE surprise_remove_nvme read_exit=$BG_RC seconds=$BG_SECONDS errno=$(echo "$BG_JSON" | jq -r .error.errno 2>/dev/null)"
 _test "the block layer holds no read of the namespace" _expect_eq "reads in flight" 0 "$(_drive_reads 2>/dev/null || echo 0)"
