@@ -5,6 +5,10 @@
 # bridge is not on the kernel's P2PDMA allowlist): it bounces, says the reason
 # is the PCI distance, counts the bytes that went through host memory, and the
 # bytes in GPU memory are still exactly the drive image's.
+# In the IOMMU rig with an Intel CPU (scripts/vm --iommu --intel-cpu) that NVMe shares the GPU's
+# root port, whose ACS redirect sends their P2P up through the host bridge, which the kernel
+# does not let P2P cross: refused for distance all the same, and the DMA judged through the
+# IOMMU's translations.
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 
