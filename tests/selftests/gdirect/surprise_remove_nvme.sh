@@ -4,14 +4,14 @@
 # An NVMe that falls off the bus during reads: the host asks QEMU's monitor to delete the
 # controller under the switch (device_del) and its slot's power is cut while a 48 MiB P2P read
 # into GPU memory and an 8 MiB read forced through the bounce buffers, from the namespace QEMU
-# throttles (slowed to 4 MB/s for the test, so that both stay in flight however long each
+# throttles (slowed to 8 MB/s for the test, so that both stay in flight however long each
 # command takes to start), are outstanding: the kernel, not the module, shows both processes
 # inside their GDIRECT_IOC_READ, and the block layer's in-flight count the drive holding reads
 # when the slot goes dark. (QEMU 7.2 completes a device_del only through the guest's hot-plug
 # driver, which the rig's kernel does not have; with its slot unpowered the controller answers
 # nothing: its registers read all ones, and its DMA and interrupts go nowhere.) No driver is
 # told: the kernel sees a device go dark, not an orderly remove. The drive's commands time out
-# (the namespace's timeout set to 5 s), the NVMe driver finds the controller reading all ones
+# (the namespace's timeout set to 3 s), the NVMe driver finds the controller reading all ones
 # and takes it down, and each read fails with EIO or ENODEV without hanging, claiming no byte.
 # Nothing stays registered, pinned by the kernel's count or held by the GPU. The device's
 # removal from the kernel (what a hot-plug driver does next) runs without a report; powered
@@ -59,8 +59,8 @@ _in_read_ioctl() {
 	read -r nr _ cmd _ <"/proc/$1/syscall" 2>/dev/null && [ "$nr" = 16 ] &&
 		[ $((cmd & 0xffff)) -eq $((0xd604)) ]
 }
-_test "the throttled namespace slowed to 4 MB/s (QEMU's monitor)" _host_request THROTTLE nvme0ns4 4194304
-echo 5000 >"$queue/queue/io_timeout"
+_test "the throttled namespace slowed to 8 MB/s (QEMU's monitor)" _host_request THROTTLE nvme0ns4 8388608
+echo 3000 >"$queue/queue/io_timeout"
 # Each read in its ioctl, or 30 s.
 _wait_in_read() {
 	deadline=$(($(date +%s) + 30))
