@@ -51,6 +51,8 @@ fn py_err(e: Error) -> PyErr {
     }
 }
 
+mod safetensors;
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -1607,6 +1609,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(submit, m)?)?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(read_many, m)?)?;
+    m.add_function(wrap_pyfunction!(safetensors::safetensors_header, m)?)?;
+    m.add_function(wrap_pyfunction!(safetensors::safetensors_layout, m)?)?;
     m.add_function(wrap_pyfunction!(settings, m)?)?;
     m.add_function(wrap_pyfunction!(stats, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

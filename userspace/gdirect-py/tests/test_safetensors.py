@@ -334,3 +334,118 @@ def test_bad_device_maps_are_value_errors(tmp_path, monkeypatch):
     monkeypatch.setattr(gst, "_gpu_count", lambda: 0)
     with pytest.raises(ValueError, match="found no GPU"):
         gst.load(files, framework="numpy", device_map="auto")
+
+
+def python_header(path, monkeypatch):
+    """The header as the Python parser reads it, the native one turned off."""
+    with monkeypatch.context() as m:
+        m.setattr(gst._native, "safetensors_header", lambda *a: None)
+        return gst.read_header(path)
+
+
+def native_takes(path):
+    """Whether the native parser takes the file's header (else it gives way to Python's)."""
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    return gst._native.safetensors_header(raw[8:8 + n], len(raw) - 8 - n, gst.DTYPE_BITS,
+                                          gst.TensorInfo) is not None
+
+
+def random_header(seed, count):
+    """A header of ``count`` tensors of every dtype, shuffled, with metadata."""
+    rng = np.random.default_rng(seed)
+    names = [f"layer.{i}.{rng.integers(1 << 30)}" for i in range(count)]
+    header, at = {}, 0
+    for name in names:
+        dt = list(gst.DTYPE_BITS)[rng.integers(len(gst.DTYPE_BITS))]
+        shape = [int(d) for d in rng.integers(0, 5, rng.integers(0, 4))]
+        bits = gst.DTYPE_BITS[dt] * int(np.prod(shape, dtype=np.int64))
+        if bits % 8:
+            shape, bits = [8], gst.DTYPE_BITS[dt] * 8
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [at, at + bits // 8]}
+        at += bits // 8
+    items = list(header.items())
+    rng.shuffle(items)
+    return dict([("__metadata__", {"format": "pt", "b": "1", "a": "2"})] + items), at
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_native_header_parser_reads_what_the_python_one_reads(tmp_path, seed, monkeypatch):
+    path = tmp_path / "many.safetensors"
+    header, n = random_header(seed, 2000)
+    write_raw(path, header, b"\0" * n)
+    assert native_takes(path)
+    fast, slow = gst.read_header(path), python_header(path, monkeypatch)
+    assert fast == slow
+    assert list(fast.metadata.items()) == list(slow.metadata.items())
+    assert all(type(t) is gst.TensorInfo for t in fast.tensors)
+
+
+@pytest.mark.parametrize("name, header, data", EDGES, ids=[e[0] for e in EDGES])
+def test_on_the_edges_the_native_parser_takes_only_what_python_takes_and_reads_it_alike(
+        tmp_path, name, header, data, monkeypatch):
+    path = tmp_path / "edge.safetensors"
+    write_raw(path, header, data)
+    try:
+        slow = python_header(path, monkeypatch)
+    except gst.SafetensorsError:
+        slow = None
+    if slow is None:
+        assert not native_takes(path), f"{name}: the native parser takes what Python refuses"
+    else:
+        assert gst.read_header(path) == slow
+
+
+def test_headers_the_native_parser_gives_way_on_are_read_by_python(tmp_path, monkeypatch):
+    # A repeated name (JSON keeps the last), a lone surrogate in a name, a header's own padding.
+    cases = [
+        b'{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, '
+        b'"a": {"dtype": "I8", "shape": [2], "data_offsets": [0, 2]}}',
+        b'{"\\ud800": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}',
+        b'{"__metadata__": {"k": "1", "k": "2"}, "a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}',
+    ]
+    for i, h in enumerate(cases):
+        path = tmp_path / f"odd{i}.safetensors"
+        path.write_bytes(struct.pack("<Q", len(h)) + h + b"\0\0")
+        assert not native_takes(path), h
+        assert gst.read_header(path) == python_header(path, monkeypatch)
+    padded = tmp_path / "padded.safetensors"
+    h = b'{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}' + b" " * 6
+    padded.write_bytes(struct.pack("<Q", len(h)) + h + b"\0\0")
+    assert native_takes(padded)
+    assert gst.read_header(padded) == python_header(padded, monkeypatch)
+
+
+def reference_layout(tensors):
+    """The layout as the Python loader computed it before the native one (its reference)."""
+    segs, placed, shift, end, seg_file, seg_buf = [], [], None, 0, 0, 0
+    for t in tensors:
+        size = gst.DTYPE_SIZES.get(t.dtype, 1)
+        if shift is None or (t.start + shift) % size:
+            if shift is not None:
+                segs.append((seg_file, seg_buf, end - seg_buf))
+            seg_buf = -(-end // size) * size
+            seg_file = t.start
+            shift = seg_buf - t.start
+        off = t.start + shift
+        placed.append((t, off))
+        end = off + t.end - t.start
+    if shift is not None:
+        segs.append((seg_file, seg_buf, end - seg_buf))
+    return end, segs, placed
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_native_layout_is_the_python_one(tmp_path, seed):
+    path = tmp_path / "many.safetensors"
+    header, n = random_header(seed, 3000)
+    write_raw(path, header, b"\0" * n)
+    tensors = [t for t in gst.read_header(path).tensors if t.start != t.end]
+    # The whole file as one run, and runs of it, as a device map would cut it.
+    for lo, hi in [(0, len(tensors)), (5, 700), (701, 702), (0, 0)]:
+        run = gst._Run(None, ("cpu", 0), 0, 0, tensors[lo:hi])
+        size, segs, placed = gst._layout(run)
+        want = reference_layout(tensors[lo:hi])
+        assert (size, segs, placed) == want
+        for t, off in placed:
+            assert off % gst.DTYPE_SIZES.get(t.dtype, 1) == 0

@@ -1,0 +1,232 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+//! The safetensors loader's work per tensor, in native code: the header's entries parsed and
+//! checked (`header`), and each run of tensors laid out in its buffer (`layout`). Both are the
+//! fast path of what `gdirect/safetensors.py` does in Python, and give way to it: `header`
+//! answers `None` for any header that is not plainly valid, and the Python parser then reads it
+//! and names what is wrong; `layout` computes what `_layout` computes, the same numbers.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fmt,
+};
+
+use pyo3::{
+    prelude::*,
+    types::{PyDict, PyList, PyString, PyTuple, PyType},
+};
+use serde::{
+    de::{self, DeserializeSeed, MapAccess, Visitor},
+    Deserialize, Deserializer,
+};
+
+/// One tensor's entry, as the format writes it (other keys are ignored, as safetensors does).
+#[derive(Deserialize)]
+struct Entry {
+    dtype: String,
+    shape: Vec<u64>,
+    data_offsets: (u64, u64),
+}
+
+/// A JSON object of strings to strings, in its order; a repeated key is an error here (Python's
+/// `json` keeps the last value at the first place: the Python parser takes such a header).
+struct Metadata(Vec<(String, String)>);
+
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Metadata;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of strings to strings")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Metadata, A::Error> {
+                let (mut out, mut seen) = (Vec::new(), HashSet::new());
+                while let Some((k, v)) = map.next_entry::<String, String>()? {
+                    if !seen.insert(k.clone()) {
+                        return Err(de::Error::custom("a repeated key"));
+                    }
+                    out.push((k, v));
+                }
+                Ok(Metadata(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// The header: its tensors in the file's order and its metadata (`null` or absent: none).
+struct Parsed {
+    tensors: Vec<(String, Entry)>,
+    metadata: Option<Metadata>,
+}
+
+struct ParsedSeed;
+
+impl<'de> DeserializeSeed<'de> for ParsedSeed {
+    type Value = Parsed;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Parsed, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Parsed;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a safetensors header")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Parsed, A::Error> {
+                let mut tensors = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                let (mut seen, mut metadata, mut had_metadata) = (HashSet::new(), None, false);
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "__metadata__" {
+                        if had_metadata {
+                            return Err(de::Error::custom("a repeated key"));
+                        }
+                        had_metadata = true;
+                        metadata = map.next_value::<Option<Metadata>>()?;
+                        continue;
+                    }
+                    if !seen.insert(key.clone()) {
+                        return Err(de::Error::custom("a repeated key"));
+                    }
+                    tensors.push((key, map.next_value::<Entry>()?));
+                }
+                Ok(Parsed { tensors, metadata })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// One tensor, checked: its dtype, its shape and its data section bytes.
+struct Checked {
+    name: String,
+    dtype: String,
+    shape: Vec<u64>,
+    start: u64,
+    end: u64,
+}
+
+/// The checks of `_parse_header`, without their messages: `None` where one fails.
+fn check(
+    raw: &[u8],
+    data_len: u64,
+    bits: &HashMap<String, u64>,
+) -> Option<(Vec<Checked>, Metadata)> {
+    let mut de = serde_json::Deserializer::from_slice(raw);
+    let parsed = ParsedSeed.deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    let mut out = Vec::with_capacity(parsed.tensors.len());
+    for (name, e) in parsed.tensors {
+        let numel = e.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))?;
+        let tbits = bits.get(&e.dtype)?.checked_mul(numel)?;
+        let (start, end) = e.data_offsets;
+        if tbits % 8 != 0 || start > end || end - start != tbits / 8 {
+            return None;
+        }
+        out.push(Checked {
+            name,
+            dtype: e.dtype,
+            shape: e.shape,
+            start,
+            end,
+        });
+    }
+    // End to end from the data section's first byte, to its last (a stable sort, as Python's).
+    out.sort_by_key(|t| (t.start, t.end));
+    let mut at = 0;
+    for t in &out {
+        if t.start != at {
+            return None;
+        }
+        at = t.end;
+    }
+    (at == data_len).then_some((out, parsed.metadata.unwrap_or(Metadata(Vec::new()))))
+}
+
+/// The tensors of a safetensors header (`raw`, the JSON after the length) whose data section is
+/// `data_len` bytes, checked as `gdirect.safetensors._parse_header` checks them: `(tensors,
+/// metadata)`, the tensors as `info` (the `TensorInfo` named tuple) in the data section's
+/// order, the metadata a dict; or `None` for a header that is not plainly valid (an error of
+/// any kind, a repeated key, a name that is not valid UTF-8), for the Python parser to read.
+/// `dtype_bits`: bits per element of each dtype the package knows.
+#[pyfunction]
+pub(crate) fn safetensors_header<'py>(
+    py: Python<'py>,
+    raw: &[u8],
+    data_len: u64,
+    dtype_bits: HashMap<String, u64>,
+    info: &Bound<'py, PyType>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let Some((tensors, metadata)) = py.allow_threads(|| check(raw, data_len, &dtype_bits)) else {
+        return Ok(None);
+    };
+    // Named tuples made by tuple.__new__ (no Python code per tensor), the dtype strings shared.
+    let new = py.get_type::<PyTuple>().getattr("__new__")?;
+    let mut dtypes: HashMap<&str, Bound<'py, PyString>> = HashMap::new();
+    let list = PyList::empty(py);
+    for t in &tensors {
+        let dtype = dtypes
+            .entry(t.dtype.as_str())
+            .or_insert_with(|| PyString::new(py, &t.dtype))
+            .clone();
+        let shape = PyTuple::new(py, &t.shape)?;
+        let fields = PyTuple::new(
+            py,
+            [
+                PyString::new(py, &t.name).into_any(),
+                dtype.into_any(),
+                shape.into_any(),
+                t.start.into_pyobject(py)?.into_any(),
+                t.end.into_pyobject(py)?.into_any(),
+            ],
+        )?;
+        list.append(new.call1((info, fields))?)?;
+    }
+    let meta = PyDict::new(py);
+    for (k, v) in metadata.0 {
+        meta.set_item(k, v)?;
+    }
+    Ok(Some(PyTuple::new(py, [list.into_any(), meta.into_any()])?))
+}
+
+/// Where a run's tensors go in its buffer, as `gdirect.safetensors._layout` computes it: each
+/// at an offset its dtype's size divides (`dtype_sizes`; 1 for a dtype not in it), the file's
+/// bytes kept in one piece while their alignment allows. `tensors`: the run's `TensorInfo`s,
+/// in file order. Returns the buffer's size, the reads that fill it (data section offset,
+/// buffer offset, length) and each tensor's offset in the buffer.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+pub(crate) fn safetensors_layout(
+    tensors: &Bound<'_, PyList>,
+    dtype_sizes: &Bound<'_, PyDict>,
+) -> PyResult<(u64, Vec<(u64, u64, u64)>, Vec<u64>)> {
+    let (mut segs, mut offsets) = (Vec::new(), Vec::with_capacity(tensors.len()));
+    // The buffer offset less the data offset in the current piece, and where the piece began.
+    let (mut shift, mut end, mut seg_file, mut seg_buf): (Option<i128>, u64, u64, u64) =
+        (None, 0, 0, 0);
+    for t in tensors.iter() {
+        let size = match dtype_sizes.get_item(t.get_item(1)?)? {
+            Some(s) => s.extract::<u64>()?.max(1),
+            None => 1,
+        };
+        let (start, stop): (u64, u64) = (t.get_item(3)?.extract()?, t.get_item(4)?.extract()?);
+        let aligned = shift.is_some_and(|s| (i128::from(start) + s) % i128::from(size) == 0);
+        if !aligned {
+            if shift.is_some() {
+                segs.push((seg_file, seg_buf, end - seg_buf));
+            }
+            seg_buf = end.div_ceil(size) * size;
+            seg_file = start;
+            shift = Some(i128::from(seg_buf) - i128::from(start));
+        }
+        let off = u64::try_from(i128::from(start) + shift.unwrap_or(0))
+            .map_err(|_| pyo3::exceptions::PyValueError::new_err("a tensor before its run"))?;
+        offsets.push(off);
+        end = stop
+            .checked_sub(start)
+            .and_then(|n| off.checked_add(n))
+            .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("a tensor's offsets"))?;
+    }
+    if shift.is_some() {
+        segs.push((seg_file, seg_buf, end - seg_buf));
+    }
+    Ok((end, segs, offsets))
+}
