@@ -449,3 +449,20 @@ def test_the_native_layout_is_the_python_one(tmp_path, seed):
         assert (size, segs, placed) == want
         for t, off in placed:
             assert off % gst.DTYPE_SIZES.get(t.dtype, 1) == 0
+
+
+def test_a_piece_read_short_is_a_truncated_file_naming_where(tmp_path, monkeypatch):
+    path = tmp_path / "t.safetensors"
+    stnp.save_file(tensors(), str(path))
+    real = gst._native.read_many
+
+    def short_last(reads, cuda):
+        report, each = real(reads, cuda)
+        each = list(each)
+        got, _eof = each[-1]
+        each[-1] = (got - 1, True)
+        return report, each
+
+    monkeypatch.setattr(gst._native, "read_many", short_last)
+    with pytest.raises(gst.SafetensorsError, match=r"truncated: \d+ of \d+ data bytes at \d+ could be read"):
+        gst.load(path, device="cpu", framework="numpy")
