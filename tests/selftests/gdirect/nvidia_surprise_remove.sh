@@ -58,13 +58,7 @@ _test "a holder registers 4 MiB of GPU memory" _expect_eq register OK "$(_kv "$(
 _bg_read_start "$slow" --mem egpu --offset 8M --len 48M --chunk 48M
 _test "a read into GPU memory is in flight" _wait_active_transfer
 
-unplug() {
-	_host_request UNPLUG gpu || return 1
-	out=$(gdirect-io slot-power "$port" off) || return 1
-	ktap_print_msg "slot of $port: $out"
-	_expect_eq "slot control (power indicator and controller off)" 0x07 "$(_kv "$out" now | cut -c1-4)"
-}
-_test "device_del through QEMU's monitor, and the GPU's slot powered off" unplug
+_test "device_del through QEMU's monitor, and the GPU's slot powered off" _surprise_unplug gpu "$port"
 gone() {
 	[ -e "/sys/bus/pci/devices/$gpu/driver" ] &&
 		_expect_eq "vendor id" ffff "$(od -An -tx2 -N2 "/sys/bus/pci/devices/$gpu/config" | tr -d ' ')"
@@ -87,12 +81,10 @@ _test "the holder gone: nothing registered, pinned or held" _expect_unpinned
 
 # What a hot-plug driver does next: the device removed from the kernel, its driver unbound
 # (the run fails on any report of the GPU driver's teardown on a dead device).
-removed() { echo 1 >"/sys/bus/pci/devices/$gpu/remove" && [ ! -e "/sys/bus/pci/devices/$gpu" ]; }
-_test "the device removed from the kernel, the GPU driver unbound from it" removed
+_test "the device removed from the kernel, the GPU driver unbound from it" _pci_remove "$gpu"
 
 back() {
-	ktap_print_msg "slot of $port: $(gdirect-io slot-power "$port" on)"
-	echo 1 >/sys/bus/pci/rescan
+	_slot_back "$port"
 	i=0
 	while [ -z "$(_gpu_bdf)" ] && [ $i -lt 50 ]; do sleep 0.2; i=$((i + 1)); done
 	i=0

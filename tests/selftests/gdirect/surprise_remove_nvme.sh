@@ -74,13 +74,7 @@ bounced=$!
 _wait_in_read "$bounced"
 both_in() { _in_read_ioctl "$_BG_PID" && _in_read_ioctl "$bounced"; }
 _test "both reads are in their GDIRECT_IOC_READ (the kernel's view of their system calls)" both_in
-unplug() {
-	_host_request UNPLUG nvme0 || return 1
-	out=$(gdirect-io slot-power "$port" off) || return 1
-	ktap_print_msg "slot of $port: $out"
-	_expect_eq "slot control (power indicator and controller off)" 0x07 "$(_kv "$out" now | cut -c1-4)"
-}
-_test "device_del through QEMU's monitor, and the controller's slot powered off" unplug
+_test "device_del through QEMU's monitor, and the controller's slot powered off" _surprise_unplug nvme0 "$port"
 dark() {
 	n=$(_drive_reads)
 	ktap_print_msg "reads the drive holds as its slot goes dark: $n"
@@ -112,12 +106,10 @@ _test "nothing stays registered, pinned by the kernel's count or held by the GPU
 
 # What a hot-plug driver does next: the device removed from the kernel (the run fails on any
 # report of the NVMe driver's teardown of a dead controller).
-removed() { echo 1 >"/sys/bus/pci/devices/$bdf/remove" && [ ! -e "/sys/bus/pci/devices/$bdf" ]; }
-_test "the device removed from the kernel" removed
+_test "the device removed from the kernel" _pci_remove "$bdf"
 
 back() {
-	ktap_print_msg "slot of $port: $(gdirect-io slot-power "$port" on)"
-	echo 1 >/sys/bus/pci/rescan
+	_slot_back "$port"
 	i=0
 	while [ $i -lt 100 ]; do
 		ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") && [ -b "$ns" ] &&
