@@ -42,7 +42,8 @@ check "the test after them finds the rig clean (no planted process, module unloa
 	has '^ok 3 selftests: gdirect: after.sh$'
 check "a false P2P proof the test ignores: ok in the guest, the host's FAIL fails the run" \
 	eval 'has "^ok 4 selftests: gdirect: dma_lie.sh$" &&
-		has "^vm: FAIL: host-judged DMA check failed: DMA-EXPECT [0-9]+ dma_lie.sh bar_read=1048576 ram_read=0 -> FAIL bar_read: expected 1048576, got 0; ram_read: expected 0, got 1048576;"'
+		has "^vm: FAIL: host-judged DMA check failed: DMA-EXPECT [0-9]+ dma_lie.sh bar_read=1048576 ram_read=0 -> FAIL bar_read: expected 1048576, got 0; ram_read: expected 0, got 1048576;" &&
+		has "^vm: FAIL: host-judged DMA check failed: DMA-EXPECT [0-9]+ dma_lie.sh ram_read<4096 -> FAIL ram_read: expected fewer than 4096, got 1048576;"'
 check "fewer host-judged checks than declared: ok in the guest, the run fails" \
 	eval 'has "^ok 5 selftests: gdirect: dma_short.sh$" &&
 		has "^vm: FAIL: dma_short.sh made 1 host-judged DMA check\(s\), dma-expects declares 2$"'

@@ -327,7 +327,7 @@ _dma_since() {
 	done
 	ktap_print_msg "NVMe DMA since the mark (host trace): ${reply#OK }"
 }
-# The host's verdict on the DMA since the mark: _dma_expect KEY=BYTES... (keys as
+# The host's verdict on the DMA since the mark: _dma_expect KEY=BYTES... or KEY<BYTES (fewer; quote it) (keys as
 # _dma_since's: bar_read, ram_read, cmb_read, bar_write, ram_write, cmb_write; in the IOMMU rig
 # also untranslated, which the host requires to be 0 unless named). The host compares, answers
 # OK or FAIL with what it found, and fails the whole run on a FAIL whatever the test does with
