@@ -14,7 +14,8 @@
 # modules (unloaded, which fails if anything still holds them); NVMe-oF host
 # controllers, nvmet subsystems and ports, soft-RoCE links, the RNICs' addresses and the
 # veth pair;
-# mounts of test devices; loop devices; fault injection left switched on.
+# mounts of test devices; a slot left powered off; namespace 4's rate left changed; loop
+# devices; fault injection left switched on.
 
 GDIRECT_LIB=${GDIRECT_LIB:-/selftests/lib}
 . "$GDIRECT_LIB/gdirect_common.sh"
@@ -109,6 +110,19 @@ if [ -n "$(ls "$GDIRECT_NVMET/ports" 2>/dev/null)$(ls "$GDIRECT_NVMET/subsystems
 	[ -n "$(rdma link show 2>/dev/null)" ] || ip link show gdv0 >/dev/null 2>&1; then
 	left "NVMe-oF target, soft-RoCE, RNIC addresses or veth: ports '$(ls "$GDIRECT_NVMET/ports" 2>/dev/null | tr '\n' ' ')' subsystems '$(ls "$GDIRECT_NVMET/subsystems" 2>/dev/null | tr '\n' ' ')' rdma '$(rdma link show 2>/dev/null | cut -d' ' -f2 | tr '\n' ' ')' addresses '$rnic_addrs'"
 	_nvmeof_down >/dev/null 2>&1 || left "the NVMe-oF teardown did not finish"
+fi
+
+# A slot a test powered off (a surprise removal) and did not power again: powered, its dead
+# function removed first, and the bus rescanned (gdirect_common.sh marks it).
+for f in "$_GDIRECT_SLOT_OFF".*; do
+	[ -e "$f" ] || continue
+	left "the slot of ${f#"$_GDIRECT_SLOT_OFF".} left powered off"
+	_slot_back "${f#"$_GDIRECT_SLOT_OFF".}" >/dev/null
+done
+# The throttled namespace left at a test's rate: the rig's restored.
+if [ -e "$_GDIRECT_THROTTLED" ]; then
+	left "namespace 4 of $GDIRECT_NVME0_SERIAL left at $(cat "$_GDIRECT_THROTTLED") bytes/s"
+	_throttle_ns4 "$GDIRECT_NVME0_NS4_BPS" || left "its rate could not be restored"
 fi
 
 # Loop devices over files of the test.

@@ -7,7 +7,9 @@
 # their limit (TIMEOUT, the process group killed); a test run after both finds the rig clean;
 # and two that pass in the guest while the host's judge of QEMU's DMA trace fails the run: one
 # that ignores a FAIL the host answered, one that makes fewer host-judged checks than it
-# declares (planted/dma-expects); the run fails. The host's side of the verdict has its own test (verdict_test.sh).
+# declares (planted/dma-expects); one that leaves the rig changed (the throttled namespace
+# slowed, the first NVMe's slot powered off: LEFTOVER, both named) and one after it that finds
+# the rig restored; the run fails. The host's side of the verdict has its own test (verdict_test.sh).
 # Prints "ok"/"not ok" per check, then "runner_in_guest: N passed, N failed".
 set -uo pipefail
 . "$(dirname "$0")/../../scripts/common.sh"
@@ -17,7 +19,7 @@ pass=0 fail=0
 planted=$GDIRECT_ROOT/tests/vm/planted
 GDIRECT_TEST_TIMEOUT=10 "$GDIRECT_ROOT/scripts/vm" \
 	--run "$planted/leftover.sh" "$planted/overrun.sh" "$planted/after.sh" \
-	"$planted/dma_lie.sh" "$planted/dma_short.sh" >"$out" 2>&1
+	"$planted/dma_lie.sh" "$planted/dma_short.sh" "$planted/rig_left.sh" "$planted/after_rig.sh" >"$out" 2>&1
 rc=$?
 # The console's lines end in CR.
 has() { tr -d '\r' <"$out" | grep -qE "$1"; }
@@ -47,8 +49,14 @@ check "a false P2P proof the test ignores: ok in the guest, the host's FAIL fail
 check "fewer host-judged checks than declared: ok in the guest, the run fails" \
 	eval 'has "^ok 5 selftests: gdirect: dma_short.sh$" &&
 		has "^vm: FAIL: dma_short.sh made 1 host-judged DMA check\(s\), dma-expects declares 2$"'
+check "a test that leaves a slot powered off and a namespace slowed: not ok, LEFTOVER, both named" \
+	eval 'has "^not ok 6 selftests: gdirect: rig_left.sh # LEFTOVER \(exit=0\)$" &&
+		has "^# rig_left.sh: leftover: the slot of [0-9a-f:.]+ left powered off$" &&
+		has "^# rig_left.sh: leftover: namespace 4 of gdirect-nvme0 left at 16777216 bytes/s$"'
+check "the test after it finds the rig restored: the NVMe and its namespaces back, reads exact" \
+	has '^ok 7 selftests: gdirect: after_rig.sh$'
 check "the run fails, and says so" \
-	eval '[ $rc -ne 0 ] && has "^vm: 3 passed, 2 failed, 0 skipped$"'
+	eval '[ $rc -ne 0 ] && has "^vm: 4 passed, 3 failed, 0 skipped$"'
 [ $fail -eq 0 ] || sed 's/^/# /' "$out" | tail -n 60
 echo "runner_in_guest: $pass passed, $fail failed"
 [ $fail -eq 0 ]

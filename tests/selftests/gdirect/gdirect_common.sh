@@ -244,16 +244,32 @@ _pci_parent() { basename "$(dirname "$(readlink -f "/sys/bus/pci/devices/$1")")"
 # slot unpowered the device answers nothing, and no driver is told.)
 _surprise_unplug() {
 	_host_request UNPLUG "$1" || return 1
+	# Marked, so that the runner powers the slot again after a test that did not.
+	: >"$_GDIRECT_SLOT_OFF.$2"
 	_out=$(gdirect-io slot-power "$2" off) || return 1
 	ktap_print_msg "slot of $2: $_out"
 	_expect_eq "slot control (power indicator and controller off)" 0x07 "$(_kv "$_out" now | cut -c1-4)"
 }
+_GDIRECT_SLOT_OFF=/run/gdirect-slot-off
 # What a hot-plug driver does next: PCI function $1 removed from the kernel.
 _pci_remove() { echo 1 >"/sys/bus/pci/devices/$1/remove" && [ ! -e "/sys/bus/pci/devices/$1" ]; }
-# The slot of downstream port $1 powered again, and the bus rescanned.
+# The slot of downstream port $1 powered again (a function still below it, dead, removed
+# first), and the bus rescanned.
 _slot_back() {
+	for _f in "/sys/bus/pci/devices/$1"/0000:*; do
+		[ -e "$_f/remove" ] && echo 1 >"$_f/remove"
+	done
 	ktap_print_msg "slot of $1: $(gdirect-io slot-power "$1" on)"
+	rm -f "$_GDIRECT_SLOT_OFF.$1"
 	echo 1 >/sys/bus/pci/rescan
+}
+# Namespace 4 of the first NVMe at $1 bytes a second (QEMU's I/O limit, through the host);
+# a rate other than the rig's is marked, so that the runner restores it after a test that did
+# not.
+_GDIRECT_THROTTLED=/run/gdirect-throttled
+_throttle_ns4() {
+	_host_request THROTTLE nvme0ns4 "$1" || return 1
+	if [ "$1" = "$GDIRECT_NVME0_NS4_BPS" ]; then rm -f "$_GDIRECT_THROTTLED"; else echo "$1" >"$_GDIRECT_THROTTLED"; fi
 }
 
 # Whether PCI functions $1 and $2 sit below one switch: their downstream ports share an

@@ -20,18 +20,12 @@
 . "$GDIRECT_LIB/nvmeof_common.sh"
 
 holder= port= gpu=
-# Whether the GPU's config space answers (not all ones).
-_gpu_answers() { [ "$(od -An -tx2 -N2 "/sys/bus/pci/devices/$gpu/config" 2>/dev/null | tr -d ' ')" = 1af4 ]; }
 cleanup() {
 	[ -n "$holder" ] && kill "$holder" 2>/dev/null
 	[ -n "${_BG_PID:-}" ] && kill -9 "$_BG_PID" 2>/dev/null
 	wait 2>/dev/null
 	# The rig's GPU back for the tests after this one.
-	if [ -n "$port" ] && { [ "$(_gpu_bdf)" != "$gpu" ] || ! _gpu_answers; }; then
-		[ -e "/sys/bus/pci/devices/$gpu" ] && echo 1 >"/sys/bus/pci/devices/$gpu/remove"
-		gdirect-io slot-power "$port" on >/dev/null
-		echo 1 >/sys/bus/pci/rescan
-	fi
+	[ -n "$port" ] && [ -e "$_GDIRECT_SLOT_OFF.$port" ] && _slot_back "$port" >/dev/null
 	_unload_all
 }
 trap cleanup EXIT

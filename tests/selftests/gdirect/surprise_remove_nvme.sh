@@ -24,16 +24,12 @@
 bdf= port=
 _nvme_answers() { [ "$(od -An -tx2 -N2 "/sys/bus/pci/devices/$bdf/config" 2>/dev/null | tr -d ' ')" = 1b36 ]; }
 cleanup() {
-	_host_request THROTTLE nvme0ns4 33554432
+	_throttle_ns4 "$GDIRECT_NVME0_NS4_BPS"
 	[ -n "${_BG_PID:-}" ] && kill -9 "$_BG_PID" 2>/dev/null
 	[ -n "${bounced:-}" ] && kill -9 "$bounced" 2>/dev/null
 	wait 2>/dev/null
 	# The rig's NVMe back for the tests after this one.
-	if [ -n "$port" ] && { [ ! -e "/sys/bus/pci/devices/$bdf/driver" ] || ! _nvme_answers; }; then
-		[ -e "/sys/bus/pci/devices/$bdf" ] && echo 1 >"/sys/bus/pci/devices/$bdf/remove"
-		gdirect-io slot-power "$port" on >/dev/null
-		echo 1 >/sys/bus/pci/rescan
-	fi
+	[ -n "$port" ] && [ -e "$_GDIRECT_SLOT_OFF.$port" ] && _slot_back "$port" >/dev/null
 	_unload_all
 }
 trap cleanup EXIT
@@ -59,7 +55,7 @@ _in_read_ioctl() {
 	read -r nr _ cmd _ <"/proc/$1/syscall" 2>/dev/null && [ "$nr" = 16 ] &&
 		[ $((cmd & 0xffff)) -eq $((0xd604)) ]
 }
-_test "the throttled namespace slowed to 8 MB/s (QEMU's monitor)" _host_request THROTTLE nvme0ns4 8388608
+_test "the throttled namespace slowed to 8 MB/s (QEMU's monitor)" _throttle_ns4 8388608
 echo 3000 >"$queue/queue/io_timeout"
 # Each read in its ioctl, or 30 s.
 _wait_in_read() {

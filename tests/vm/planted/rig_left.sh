@@ -1,0 +1,12 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# Planted for tests/vm/runner_test.sh, never part of the suite: changes the rig and exits 0
+# without restoring it: namespace 4 of the first NVMe slowed through the host, and that NVMe
+# deleted through QEMU's monitor with its slot's power cut (as the surprise-removal tests do).
+# The guest's runner must report the test as a LEFTOVER, naming both, and restore them.
+. "${GDIRECT_LIB:-/selftests/lib}/gdirect_common.sh"
+bdf=$(_nvme_bdf_by_serial "$GDIRECT_NVME0_SERIAL") || exit 1
+_throttle_ns4 16777216 || exit 1
+_surprise_unplug nvme0 "$(_pci_parent "$bdf")" || exit 1
+exit 0
