@@ -238,6 +238,8 @@ _gpu_bdf() { _pci_by_id 0x1af4 0x1110 | head -n 1; }
 # The PCI address of the bridge above the function $1.
 _pci_parent() { basename "$(dirname "$(readlink -f "/sys/bus/pci/devices/$1")")"; }
 
+# Where a slot powered off is marked (_surprise_unplug, _slot_back, leftovers.sh).
+_GDIRECT_SLOT_OFF=/run/gdirect-slot-off
 # A device that falls off the bus: QEMU's device_del of the rig's device $1 (gpu or nvme0,
 # through the host), then the power of its slot, the downstream port $2, cut. (QEMU 7.2 finishes
 # a device_del only through the guest's hot-plug driver, which the rig's kernel lacks; with its
@@ -250,7 +252,6 @@ _surprise_unplug() {
 	ktap_print_msg "slot of $2: $_out"
 	_expect_eq "slot control (power indicator and controller off)" 0x07 "$(_kv "$_out" now | cut -c1-4)"
 }
-_GDIRECT_SLOT_OFF=/run/gdirect-slot-off
 # What a hot-plug driver does next: PCI function $1 removed from the kernel.
 _pci_remove() { echo 1 >"/sys/bus/pci/devices/$1/remove" && [ ! -e "/sys/bus/pci/devices/$1" ]; }
 # The slot of downstream port $1 powered again (a function still below it, dead, removed

@@ -95,50 +95,37 @@ impl<'de> DeserializeSeed<'de> for ParsedSeed {
     }
 }
 
-/// One tensor, checked: its dtype, its shape and its data section bytes.
-struct Checked {
-    name: String,
-    dtype: String,
-    shape: Vec<u64>,
-    start: u64,
-    end: u64,
-}
-
-/// The checks of `_parse_header`, without their messages: `None` where one fails.
+/// The checks of `_parse_header`, without their messages: the tensors in the data section's
+/// order and the metadata, or `None` where one fails.
 fn check(
     raw: &[u8],
     data_len: u64,
     bits: &HashMap<String, u64>,
-) -> Option<(Vec<Checked>, Metadata)> {
+) -> Option<(Vec<(String, Entry)>, Metadata)> {
     let mut de = serde_json::Deserializer::from_slice(raw);
-    let parsed = ParsedSeed.deserialize(&mut de).ok()?;
+    let mut parsed = ParsedSeed.deserialize(&mut de).ok()?;
     de.end().ok()?;
-    let mut out = Vec::with_capacity(parsed.tensors.len());
-    for (name, e) in parsed.tensors {
+    for (_, e) in &parsed.tensors {
         let numel = e.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))?;
         let tbits = bits.get(&e.dtype)?.checked_mul(numel)?;
         let (start, end) = e.data_offsets;
         if tbits % 8 != 0 || start > end || end - start != tbits / 8 {
             return None;
         }
-        out.push(Checked {
-            name,
-            dtype: e.dtype,
-            shape: e.shape,
-            start,
-            end,
-        });
     }
     // End to end from the data section's first byte, to its last (a stable sort, as Python's).
-    out.sort_by_key(|t| (t.start, t.end));
+    parsed.tensors.sort_by_key(|(_, e)| e.data_offsets);
     let mut at = 0;
-    for t in &out {
-        if t.start != at {
+    for (_, e) in &parsed.tensors {
+        if e.data_offsets.0 != at {
             return None;
         }
-        at = t.end;
+        at = e.data_offsets.1;
     }
-    (at == data_len).then_some((out, parsed.metadata.unwrap_or(Metadata(Vec::new()))))
+    (at == data_len).then_some((
+        parsed.tensors,
+        parsed.metadata.unwrap_or(Metadata(Vec::new())),
+    ))
 }
 
 /// The tensors of a safetensors header (`raw`, the JSON after the length) whose data section is
@@ -162,20 +149,21 @@ pub(crate) fn safetensors_header<'py>(
     let new = py.get_type::<PyTuple>().getattr("__new__")?;
     let mut dtypes: HashMap<&str, Bound<'py, PyString>> = HashMap::new();
     let list = PyList::empty(py);
-    for t in &tensors {
+    for (name, t) in &tensors {
         let dtype = dtypes
             .entry(t.dtype.as_str())
             .or_insert_with(|| PyString::new(py, &t.dtype))
             .clone();
         let shape = PyTuple::new(py, &t.shape)?;
+        let (start, end) = t.data_offsets;
         let fields = PyTuple::new(
             py,
             [
-                PyString::new(py, &t.name).into_any(),
+                PyString::new(py, name).into_any(),
                 dtype.into_any(),
                 shape.into_any(),
-                t.start.into_pyobject(py)?.into_any(),
-                t.end.into_pyobject(py)?.into_any(),
+                start.into_pyobject(py)?.into_any(),
+                end.into_pyobject(py)?.into_any(),
             ],
         )?;
         list.append(new.call1((info, fields))?)?;

@@ -553,26 +553,21 @@ def _read_runs(backends: Dict[Device, Any], runs: List[_Run], files: Dict[str, F
         groups.setdefault(r.device, []).append(i)
 
     def read(device: Device, idx: List[int]) -> None:
-        reads: List[Tuple[Any, int, int, int]] = []
+        reads, whose = [], []
         for i in idx:
             ptr = _target(blobs[i]).ptr
             f = files[runs[i].header.path]._f
             data = runs[i].header.data_start
-            reads += [(f, ptr + buf_off, n, data + file_off) for file_off, buf_off, n in layouts[i][1]]
+            for file_off, buf_off, n in layouts[i][1]:
+                reads.append((f, ptr + buf_off, n, data + file_off))
+                whose.append((i, file_off, n))
         _, each = _native.read_many(reads, device[0] == "cuda")
-        if [got for got, _eof in each] == [r[2] for r in reads]:
-            return
-        # A short piece: which run's, and where.
-        k = 0
-        for i in idx:
-            for file_off, _buf_off, want in layouts[i][1]:
-                got = each[k][0]
-                k += 1
-                if got != want:
-                    raise _bad(
-                        runs[i].header.path,
-                        f"truncated: {got} of {want} data bytes at {file_off} could be read",
-                    )
+        for (i, file_off, want), (got, _eof) in zip(whose, each):
+            if got != want:
+                raise _bad(
+                    runs[i].header.path,
+                    f"truncated: {got} of {want} data bytes at {file_off} could be read",
+                )
 
     if len(groups) <= 1:
         for device, idx in groups.items():
