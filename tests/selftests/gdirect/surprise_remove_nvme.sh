@@ -57,24 +57,29 @@ _in_read_ioctl() {
 }
 _test "the throttled namespace slowed to 8 MB/s (QEMU's monitor)" _throttle_ns4 8388608
 echo 3000 >"$queue/queue/io_timeout"
-# Each read in its ioctl, or 30 s.
+# Process $1 seen inside its GDIRECT_IOC_READ within $2 seconds (at an instant when it is on a
+# CPU, its system call reads "running": it is looked at again). One ioctl reads all its bytes,
+# so a process seen in it after it was first seen there is still in the same read.
 _wait_in_read() {
-	deadline=$(($(date +%s) + 30))
-	until _in_read_ioctl "$1" || [ "$(date +%s)" -ge "$deadline" ]; do sleep 0.02; done
+	deadline=$(($(date +%s) + $2))
+	until _in_read_ioctl "$1"; do
+		[ "$(date +%s)" -ge "$deadline" ] && return 1
+		sleep 0.02
+	done
 }
 _bg_read_start "$slow" --mem egpu --offset 8M --len 48M --chunk 48M
-_wait_in_read "$_BG_PID"
+_wait_in_read "$_BG_PID" 30
 env -u GDIRECT_EGPU_KEEP gdirect read "$slow" --mem egpu --offset 56M --len 8M --chunk 8M \
 	--force-bounce --json >/tmp/bounced.json 2>/tmp/bounced.err &
 bounced=$!
-_wait_in_read "$bounced"
-both_in() { _in_read_ioctl "$_BG_PID" && _in_read_ioctl "$bounced"; }
+_wait_in_read "$bounced" 30
+both_in() { _wait_in_read "$_BG_PID" 3 && _wait_in_read "$bounced" 3; }
 _test "both reads are in their GDIRECT_IOC_READ (the kernel's view of their system calls)" both_in
 _test "device_del through QEMU's monitor, and the controller's slot powered off" _surprise_unplug nvme0 "$port"
 dark() {
 	n=$(_drive_reads)
 	ktap_print_msg "reads the drive holds as its slot goes dark: $n"
-	[ "$n" -gt 0 ] && _in_read_ioctl "$bounced" &&
+	[ "$n" -gt 0 ] && _wait_in_read "$bounced" 3 &&
 		_expect_eq "vendor id" ffff "$(od -An -tx2 -N2 "/sys/bus/pci/devices/$bdf/config" | tr -d ' ')"
 }
 _test "the drive went dark holding reads (the block layer's count) in both reads' ioctls, its config space reading all ones" dark
