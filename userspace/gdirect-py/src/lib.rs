@@ -1611,6 +1611,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_many, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::safetensors_header, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::safetensors_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(safetensors::safetensors_views, m)?)?;
     m.add_function(wrap_pyfunction!(settings, m)?)?;
     m.add_function(wrap_pyfunction!(stats, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

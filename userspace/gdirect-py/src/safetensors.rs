@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0 OR MIT
 //! The safetensors loader's work per tensor, in native code: the header's entries parsed and
-//! checked (`header`), and each run of tensors laid out in its buffer (`layout`). Both are the
-//! fast path of what `gdirect/safetensors.py` does in Python, and give way to it: `header`
-//! answers `None` for any header that is not plainly valid, and the Python parser then reads it
-//! and names what is wrong; `layout` computes what `_layout` computes, the same numbers.
+//! checked (`header`), each run of tensors laid out in its buffer (`layout`), and the tensors
+//! made as views of that buffer (`views`). They are the fast path of what
+//! `gdirect/safetensors.py` does in Python, and give way to it: `header` answers `None` for any
+//! header that is not plainly valid, and the Python parser then reads it and names what is
+//! wrong; `layout` computes what `_layout` computes, the same numbers; `views` makes the views
+//! `_Pt.views` would, and hands back the tensors it does not make.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -11,6 +13,7 @@ use std::{
 };
 
 use pyo3::{
+    intern,
     prelude::*,
     types::{PyDict, PyList, PyString, PyTuple, PyType},
 };
@@ -217,4 +220,55 @@ pub(crate) fn safetensors_layout(
         segs.push((seg_file, seg_buf, end - seg_buf));
     }
     Ok((end, segs, offsets))
+}
+
+/// The tensors of a run as views of its buffer, as `_Pt.views` makes them: tensor `i`
+/// (`tensors[i]`, a `TensorInfo`) at byte `offsets[i]` of the buffer becomes
+/// `typed[dtype].as_strided(shape, contiguous strides, offsets[i] / size)`, put in `out` under
+/// its name, where `typed[dtype]` is a view of the whole buffer as that dtype and `size` its
+/// bytes per element (`sizes[dtype]`). Returns the indices of the tensors it leaves to the
+/// caller: those of a dtype not in `typed`, empty ones, and any whose offset the size does not
+/// divide (none, from `layout`).
+#[pyfunction]
+pub(crate) fn safetensors_views(
+    py: Python<'_>,
+    tensors: &Bound<'_, PyList>,
+    offsets: Vec<u64>,
+    typed: &Bound<'_, PyDict>,
+    sizes: &Bound<'_, PyDict>,
+    out: &Bound<'_, PyDict>,
+) -> PyResult<Vec<usize>> {
+    if offsets.len() != tensors.len() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "one offset for each tensor",
+        ));
+    }
+    let as_strided = intern!(py, "as_strided");
+    let mut left = Vec::new();
+    let mut strides: Vec<u64> = Vec::new();
+    for (i, (t, &off)) in tensors.iter().zip(&offsets).enumerate() {
+        let dtype = t.get_item(1)?;
+        let (start, end): (u64, u64) = (t.get_item(3)?.extract()?, t.get_item(4)?.extract()?);
+        let (Some(view), Some(size)) = (typed.get_item(&dtype)?, sizes.get_item(&dtype)?) else {
+            left.push(i);
+            continue;
+        };
+        let size: u64 = size.extract()?;
+        if start == end || size == 0 || off % size != 0 {
+            left.push(i);
+            continue;
+        }
+        let shape = t.get_item(2)?;
+        let dims: Vec<u64> = shape.extract()?;
+        strides.clear();
+        let mut acc = 1u64;
+        for &d in dims.iter().rev() {
+            strides.push(acc);
+            acc = acc.saturating_mul(d);
+        }
+        strides.reverse();
+        let v = view.call_method1(as_strided, (shape, PyTuple::new(py, &strides)?, off / size))?;
+        out.set_item(t.get_item(0)?, v)?;
+    }
+    Ok(left)
 }

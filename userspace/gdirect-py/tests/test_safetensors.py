@@ -444,7 +444,8 @@ def test_the_native_layout_is_the_python_one(tmp_path, seed):
     # The whole file as one run, and runs of it, as a device map would cut it.
     for lo, hi in [(0, len(tensors)), (5, 700), (701, 702), (0, 0)]:
         run = gst._Run(None, ("cpu", 0), 0, 0, tensors[lo:hi])
-        size, segs, placed = gst._layout(run)
+        size, segs, offsets = gst._layout(run)
+        placed = list(zip(tensors[lo:hi], offsets))
         want = reference_layout(tensors[lo:hi])
         assert (size, segs, placed) == want
         for t, off in placed:
@@ -466,3 +467,36 @@ def test_a_piece_read_short_is_a_truncated_file_naming_where(tmp_path, monkeypat
     monkeypatch.setattr(gst._native, "read_many", short_last)
     with pytest.raises(gst.SafetensorsError, match=r"truncated: \d+ of \d+ data bytes at \d+ could be read"):
         gst.load(path, device="cpu", framework="numpy")
+
+
+class _Typed:
+    """Stands in for a typed torch view of a buffer: records what ``as_strided`` is asked."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def as_strided(self, shape, strides, offset):
+        return (self.dtype, shape, strides, offset)
+
+
+def test_the_native_views_are_as_strided_with_contiguous_strides_in_elements():
+    T = gst.TensorInfo
+    tensors = [T("a", "F32", (2, 3, 4), 0, 96), T("b", "F16", (), 96, 98),
+               T("c", "F4", (4,), 98, 100), T("d", "I64", (5, 0), 100, 100),
+               T("e", "F64", (3,), 100, 124), T("f", "U8", (7,), 124, 131),
+               T("g", "F32", (1,), 131, 135)]
+    offsets = [0, 96, 98, 104, 104, 128, 134]  # g's 134 is not a multiple of 4: left
+    typed = {d: _Typed(d) for d in ("F32", "F16", "F64", "U8")}
+    out = {}
+    left = gst._native.safetensors_views(tensors, offsets, typed, gst.DTYPE_SIZES, out)
+    # F4 has no typed view, d is empty, g's offset does not fit its dtype: the caller's.
+    assert left == [2, 3, 6]
+    assert out == {
+        "a": ("F32", (2, 3, 4), (12, 4, 1), 0),
+        "b": ("F16", (), (), 48),
+        "e": ("F64", (3,), (1,), 13),
+        "f": ("U8", (7,), (1,), 128),
+    }
+    assert list(out) == ["a", "b", "e", "f"]
+    with pytest.raises(ValueError, match="one offset for each tensor"):
+        gst._native.safetensors_views(tensors, offsets[:-1], typed, gst.DTYPE_SIZES, {})

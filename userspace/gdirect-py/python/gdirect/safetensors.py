@@ -319,40 +319,24 @@ class _Pt:
         out.view(-1).view(self.torch.uint8).copy_(raw)
         return out
 
-    def views(self, path: str, blob, placed: List[Tuple[TensorInfo, int]], out: Dict[str, Any]):
-        """Every tensor of ``placed`` (each at its byte offset in ``blob``, which its dtype's
+    def views(self, path: str, blob, tensors: List[TensorInfo], offsets: List[int],
+              out: Dict[str, Any]):
+        """Every tensor of ``tensors`` (each at its byte offset in ``blob``, which its dtype's
         size divides: ``_layout``) as a view of ``blob``, into ``out``: one ``as_strided`` of
-        a typed view of the whole buffer each (made once per dtype), the fewest calls into
-        torch per tensor."""
-        typed: Dict[str, Any] = {}
+        a typed view of the whole buffer each (made once per dtype), made in native code
+        (``_native.safetensors_views``); what that leaves (F4, a dtype of no fixed size) made
+        here."""
         n = blob.numel()
-        for t, off in placed:
-            size = DTYPE_SIZES.get(t.dtype)
-            if size is None or t.start == t.end or t.dtype == "F4":
-                out[t.name] = self.view(path, blob, TensorInfo(t.name, t.dtype, t.shape, off,
-                                                               off + t.end - t.start))
-                continue
-            tv = typed.get(t.dtype)
-            if tv is None:
-                tv = typed[t.dtype] = blob[: n - n % size].view(self.dtype(path, t))
-            shape = t.shape
-            out[t.name] = tv.as_strided(shape, _STRIDES.get(shape) or _strides(shape),
-                                        off // size)
-
-
-# Contiguous strides of the shapes met so far (a checkpoint repeats a few shapes many times).
-_STRIDES: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
-
-
-def _strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
-    acc, out = 1, []
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    st = tuple(reversed(out))
-    if len(_STRIDES) < 4096:
-        _STRIDES[shape] = st
-    return st
+        typed: Dict[str, Any] = {}
+        # The first tensor of each dtype (the one an error names).
+        for dt, t in {t.dtype: t for t in reversed(tensors)}.items():
+            size = DTYPE_SIZES.get(dt)
+            if size is not None and dt != "F4":
+                typed[dt] = blob[: n - n % size].view(self.dtype(path, t))
+        for i in _native.safetensors_views(tensors, offsets, typed, DTYPE_SIZES, out):
+            t, off = tensors[i], offsets[i]
+            out[t.name] = self.view(path, blob, TensorInfo(t.name, t.dtype, t.shape, off,
+                                                           off + t.end - t.start))
 
 
 class _Np:
@@ -403,9 +387,10 @@ class _Np:
             raw = raw.copy()
         return raw.view(dt).reshape(t.shape)
 
-    def views(self, path: str, blob, placed: List[Tuple[TensorInfo, int]], out: Dict[str, Any]):
-        """Every tensor of ``placed`` as a view of ``blob`` (see ``_Pt.views``)."""
-        for t, off in placed:
+    def views(self, path: str, blob, tensors: List[TensorInfo], offsets: List[int],
+              out: Dict[str, Any]):
+        """Every tensor of ``tensors`` as a view of ``blob`` (see ``_Pt.views``)."""
+        for t, off in zip(tensors, offsets):
             out[t.name] = self.view(path, blob, TensorInfo(t.name, t.dtype, t.shape, off,
                                                            off + t.end - t.start))
 
@@ -529,18 +514,17 @@ def _runs(headers: List[Header], place: Dict[str, Device]) -> List[_Run]:
     return runs
 
 
-def _layout(run: _Run) -> Tuple[int, List[Tuple[int, int, int]], List[Tuple[TensorInfo, int]]]:
+def _layout(run: _Run) -> Tuple[int, List[Tuple[int, int, int]], List[int]]:
     """Where the run's tensors go in its buffer: each at an offset its dtype's size divides, so
     that every one is a view of the buffer, never a copy (safetensors' own writer keeps that
     alignment in the file, other writers do not), and the file's bytes kept in one piece as
     long as their alignment allows. Returns the buffer's size, the reads that fill it
     (file offset in the data section, buffer offset, length) and each tensor's buffer offset."""
-    end, segs, offsets = _native.safetensors_layout(run.tensors, DTYPE_SIZES)
-    return end, segs, list(zip(run.tensors, offsets))
+    return _native.safetensors_layout(run.tensors, DTYPE_SIZES)
 
 
 def _read_runs(backends: Dict[Device, Any], runs: List[_Run], files: Dict[str, File]
-               ) -> List[Tuple[Any, List[Tuple[TensorInfo, int]]]]:
+               ) -> List[Tuple[Any, List[int]]]:
     """Reads every run into a buffer of its own on its device (laid out by ``_layout``), from
     ``files`` (the open files whose headers were parsed): one call of the engine per device
     (whose workers take the runs' pieces in turn), the devices at once, each on a thread of
@@ -579,7 +563,7 @@ def _read_runs(backends: Dict[Device, Any], runs: List[_Run], files: Dict[str, F
             futures = [pool.submit(read, d, idx) for d, idx in groups.items()]
         for f in futures:
             f.result()
-    return [(blob, placed) for blob, (_, _, placed) in zip(blobs, layouts)]
+    return [(blob, offsets) for blob, (_, _, offsets) in zip(blobs, layouts)]
 
 
 def load(
@@ -606,25 +590,48 @@ def load(
         if p not in opened:
             opened[p] = File(p)
     headers = [_parse_header(f) for f in opened.values()]
-    seen: Dict[str, str] = {}
-    for h in headers:
-        for t in h.tensors:
-            if t.name in seen:
-                raise SafetensorsError(f"tensor {t.name!r} is in both {seen[t.name]} and {h.path}")
-            seen[t.name] = h.path
-    place = _placement(headers, device, device_map)
-    backends = {d: _backend_for(framework, d) for d in set(place.values())}
-    runs = _runs(headers, place)
+    if len(headers) > 1:
+        # (A file's own names are distinct: its parser checks.)
+        seen: Dict[str, str] = {}
+        for h in headers:
+            for t in h.tensors:
+                if t.name in seen:
+                    raise SafetensorsError(
+                        f"tensor {t.name!r} is in both {seen[t.name]} and {h.path}"
+                    )
+                seen[t.name] = h.path
+    place: Optional[Dict[str, Device]] = None
+    if device_map is None:
+        # Every tensor on one device: one run per file (its tensors are in data order, end to
+        # end), and no map of names to build.
+        one = _device(device)
+        runs = []
+        for h in headers:
+            ts = [t for t in h.tensors if t.start != t.end]
+            if ts:
+                runs.append(_Run(h, one, ts[0].start, ts[-1].end, ts))
+        devices = {one} if any(h.tensors for h in headers) else set()
+    else:
+        place = _placement(headers, device, device_map)
+        runs = _runs(headers, place)
+        devices = set(place.values())
+    backends = {d: _backend_for(framework, d) for d in devices}
     blobs = _read_runs(backends, runs, {h.path: f for h, f in zip(headers, opened.values())})
     views: Dict[str, Any] = {}
-    for r, (blob, placed) in zip(runs, blobs):
-        backends[r.device].views(r.header.path, blob, placed, views)
+    for r, (blob, offsets) in zip(runs, blobs):
+        backends[r.device].views(r.header.path, blob, r.tensors, offsets, views)
     del blobs
+    names = [t.name for h in headers for t in h.tensors]
+    if len(views) == len(names) and list(views) == names:
+        # Every tensor a view, made in the checkpoint's order.
+        return views
     out: Dict[str, Any] = {}
     for h in headers:
         for t in h.tensors:
             v = views.get(t.name)
-            out[t.name] = v if v is not None else backends[place[t.name]].view(h.path, None, t)
+            if v is None:
+                v = backends[one if place is None else place[t.name]].view(h.path, None, t)
+            out[t.name] = v
     return out
 
 
