@@ -182,6 +182,19 @@ const POISON: u8 = 0xe9;
 /// page checks that the pattern is still whole (a sample: 8 bytes of every 512),
 /// so that a DMA that landed after the free is reported (a `WARN`, which fails the run).
 const FREED_POISON: u8 = 0x6b;
+
+/// ivshmem's register BAR (`IntrMask` at 0, `IntrStatus`, `IVPosition`, `Doorbell`), mapped to
+/// leave marks in QEMU's trace (`memory_region_ops_write` of `ivshmem-mmio`): no part of
+/// nvidia.ko, a witness for the rig. A free that revokes page tables writes
+/// `FREE_MARK | (its number & 0xffff)` to `IntrMask`, then `PAGE_MARK | page` for each BAR page
+/// of the allocations whose tables it revokes, before its first callback runs (ivshmem raises
+/// nothing: its interrupt status stays 0). From them the host tells which device DMA into
+/// those pages was outstanding when the free began (`tests/vm/dma_trace.py frees`).
+const REG_BAR: u32 = 0;
+const REG_BAR_LEN: usize = 256;
+const REG_INTRMASK: usize = 0;
+const FREE_MARK: u32 = 0x4652_0000;
+const PAGE_MARK: u32 = 0x5047_0000;
 /// The emulated GPU's page directory (`EGPU_PAGEDIR_*`): the last `PAGE` of BAR2, which no
 /// allocation gets. As a GPU keeps its MMU's page tables in its own memory, the emulator keeps
 /// there which BAR page backs each GPU virtual page, so that the test tools in the guest (through
@@ -253,6 +266,25 @@ impl Drop for BarMapping {
     fn drop(&mut self) {
         // SAFETY: mapped by `ioremap` in `probe`, unmapped once, here.
         unsafe { bindings::iounmap(self.0.as_ptr().cast()) };
+    }
+}
+
+/// A CPU mapping of ivshmem's register BAR (`REG_BAR`), unmapped when the device state goes.
+struct RegMapping(kernel::io::MmioRaw<REG_BAR_LEN>);
+impl RegMapping {
+    /// Writes `value` to the register at `offset`.
+    fn write32<const OFFSET: usize>(&self, value: u32) {
+        use kernel::io::Io;
+        // SAFETY: `self.0` is the `ioremap` of `REG_BAR_LEN` bytes of the bound device's
+        // register BAR (`probe`), mapped until `drop`.
+        let io = unsafe { kernel::io::Mmio::from_raw(&self.0) };
+        io.write32(value, OFFSET);
+    }
+}
+impl Drop for RegMapping {
+    fn drop(&mut self) {
+        // SAFETY: mapped by `ioremap` in `probe`, unmapped once, here.
+        unsafe { bindings::iounmap(self.0.addr() as *mut c_void) };
     }
 }
 
@@ -454,6 +486,10 @@ struct Egpu {
     bus_offset: u64,
     /// BAR2 as the CPU sees it, for poisoning new allocations.
     bar: BarMapping,
+    /// The register BAR, for the marks of frees in QEMU's trace (`REG_BAR`).
+    regs: RegMapping,
+    /// Frees that revoked page tables (numbering their marks).
+    marked_frees: Atomic<u32>,
     callbacks: Atomic<u64>,
     /// put_pages calls that found their table already unlinked by a free (and returned 0).
     puts_unlinked: Atomic<u64>,
@@ -661,11 +697,21 @@ impl Egpu {
             .map(|a| a.mappings.iter().filter(|m| !m.persistent).count())
             .sum();
         let mut revoke = KVec::with_capacity(count, GFP_KERNEL)?;
+        if count > 0 {
+            let n = self.marked_frees.fetch_add(1, Relaxed);
+            self.regs.write32::<REG_INTRMASK>(FREE_MARK | (n & 0xffff));
+        }
         let mut deferred = 0;
         let mut found = false;
         for a in inner.allocs.iter_mut().filter(|a| matches(&**a)) {
             found = true;
             a.freed = true;
+            if a.mappings.iter().any(|m| !m.persistent) {
+                for p in a.pages.iter() {
+                    // (A BAR holds at most 16381 pages: the index fits.)
+                    self.regs.write32::<REG_INTRMASK>(PAGE_MARK | (*p & 0xffff));
+                }
+            }
             for m in a.mappings.iter() {
                 if m.persistent {
                     deferred += 1;
@@ -961,6 +1007,22 @@ impl pci::Driver for EgpuDriver {
             // SAFETY: `bar_start..bar_start + bar_len` is the bound device's enabled BAR2.
             let bar = unsafe { bindings::ioremap(bar_start, bar_len as usize) };
             let bar = BarMapping(NonNull::new(bar).ok_or(ENOMEM)?);
+            let (reg_start, reg_len) = (pdev.resource_start(REG_BAR)?, pdev.resource_len(REG_BAR)?);
+            if reg_len < REG_BAR_LEN as u64 {
+                return Err(ENODEV);
+            }
+            // SAFETY: `reg_start..reg_start + REG_BAR_LEN` lies in the bound device's enabled
+            // register BAR.
+            let regs =
+                NonNull::new(unsafe { bindings::ioremap(reg_start, REG_BAR_LEN) }).ok_or(ENOMEM)?;
+            let regs = match kernel::io::MmioRaw::new(regs.as_ptr() as usize, REG_BAR_LEN) {
+                Ok(raw) => RegMapping(raw),
+                Err(e) => {
+                    // SAFETY: just mapped above, and not kept.
+                    unsafe { bindings::iounmap(regs.as_ptr()) };
+                    return Err(e);
+                }
+            };
             let egpu = Arc::pin_init(
                 try_pin_init!(Egpu {
                     pdev: ARef::from(&**pdev),
@@ -969,6 +1031,8 @@ impl pci::Driver for EgpuDriver {
                     provider,
                     bus_offset,
                     bar,
+                    regs,
+                    marked_frees: Atomic::new(0),
                     callbacks: Atomic::new(0),
                     puts_unlinked: Atomic::new(0),
                     puts_foreign: Atomic::new(0),

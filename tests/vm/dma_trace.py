@@ -26,6 +26,26 @@ DMA faulted) counts as `untranslated`; `faults` counts the IOMMU's DMA faults
                                            cmb_write other (admin commands, not data)
                                            untranslated faults (the IOMMU rig)
   dma_trace.py faults TRACE                print the IOMMU's DMA faults in the whole trace
+  dma_trace.py frees TRACE MARK START SIZE [QMP_SOCKET]
+                                           print, since line MARK: frees (the emulated GPU's
+                                           marks of frees that revoked page tables),
+                                           during_bar_dma (those that began while an NVMe
+                                           command moving data to or from a page they free
+                                           was outstanding: submitted, its completion not
+                                           yet queued), during_dma (while any data command
+                                           was: a bounced read's DMA goes to host memory),
+                                           bar_commands (commands with data in the BAR) and
+                                           ambiguous (commands left out: their cid and queue
+                                           were outstanding twice at once, on two
+                                           controllers)
+
+Races: scripts/vm also traces pci_nvme_enqueue_req_completion (a command's completion, by cid
+and queue), and around a race test it switches on memory_region_ops_write (every MMIO write
+the device models take), in which the emulated GPU's driver (tests/egpu) leaves a mark at the
+start of each free that revokes page tables: it writes FREE_MARK | n to ivshmem's IntrMask
+register, then PAGE_MARK | page for each page it frees. Lines are in the order QEMU made them,
+so a free's mark between a command's submission and its completion line shows the free began
+while that command's DMA was outstanding.
 """
 import re
 import sys
@@ -133,6 +153,88 @@ def since(trace, mark, start, size, nvmes=None):
     return " ".join(f"{k}={v}" for k, v in t.items())
 
 
+# The emulated GPU's marks: a free's FREE_MARK (0x4652) | n, then PAGE_MARK (0x5047) | page for
+# each BAR page (64 KiB) of the allocations whose page tables it revokes, written to ivshmem's
+# IntrMask (tests/egpu: REG_INTRMASK).
+MARK = re.compile(r"addr 0x[0-9a-f]+ value 0x(4652|5047)([0-9a-f]{4}) size 4 name 'ivshmem-mmio'")
+GPU_PAGE = 0x10000
+
+
+def frees(trace, mark, start, size, nvmes=None):
+    """The frees since line `mark`, how many began while a command with data to or from the
+    pages they free was outstanding (submitted, its completion not yet queued), and how many
+    while any data command was. With `nvmes` (the IOMMU rig), a command's addresses are IOVAs,
+    judged by their translations."""
+    cmds = []  # [first line, completion line or None, data?, BAR pages, ambiguous]
+    open_cmds = {}  # (cid, queue) -> command
+    marks = []  # [line, pages]
+    current = None  # the I/O command whose map_addr lines follow
+    waiting = {}  # IOMMU rig: IOVA page -> [(command, addr, len)]
+    kv = re.compile(r"(\w+) (0x[0-9a-f]+|\d+)")
+
+    def bar_pages(cmd, addr, length):
+        if start <= addr < start + size:
+            first = (addr - start) // GPU_PAGE
+            last = (min(addr + max(length, 1), start + size) - 1 - start) // GPU_PAGE
+            cmd[3].update(range(first, last + 1))
+
+    with open(trace, errors="replace") as f:
+        for n, line in enumerate(f):
+            if n < mark:
+                continue
+            ev = line.split(" ", 1)[0]
+            if ev in ("pci_nvme_io_cmd", "pci_nvme_admin_cmd"):
+                fields = dict(kv.findall(line))
+                io = ev == "pci_nvme_io_cmd"
+                key = (fields.get("cid"), fields.get("sqid") if io else "0")
+                op = line.rsplit("opname", 1)[-1]
+                cmd = [n, None, io and ("_READ" in op or "_WRITE" in op), set(), False]
+                if key in open_cmds:
+                    open_cmds[key][4] = cmd[4] = True
+                open_cmds[key] = cmd
+                cmds.append(cmd)
+                current = cmd if io else None
+            elif ev == "pci_nvme_map_addr" and current is not None:
+                m = re.search(r"addr 0x([0-9a-f]+) len (\d+)", line)
+                if not m:
+                    continue
+                addr, length = int(m.group(1), 16), int(m.group(2))
+                if nvmes is None:
+                    bar_pages(current, addr, length)
+                else:
+                    waiting.setdefault(addr // PAGE, []).append((current, addr, length))
+            elif ev == "pci_nvme_enqueue_req_completion":
+                fields = dict(kv.findall(line))
+                cmd = open_cmds.pop((fields.get("cid"), fields.get("cqid")), None)
+                if cmd is not None:
+                    cmd[1] = n
+            elif ev == "vtd_dmar_translate" and nvmes is not None:
+                m = TRANSLATE.search(line)
+                if not m or tuple(int(x, 16) for x in m.group(1, 2, 3)) not in nvmes:
+                    continue
+                iova, gpa, mask = (int(x, 16) for x in m.group(4, 5, 6))
+                for page in range(iova // PAGE, (iova + mask) // PAGE + 1):
+                    for cmd, addr, length in waiting.pop(page, []):
+                        bar_pages(cmd, gpa + (addr - iova), length)
+            elif ev == "memory_region_ops_write":
+                m = MARK.search(line)
+                if m and m.group(1) == "4652":
+                    marks.append([n, set()])
+                elif m and marks:
+                    marks[-1][1].add(int(m.group(2), 16))
+    usable = [c for c in cmds if not c[4]]
+
+    def outstanding(c, line):
+        return c[0] < line and (c[1] is None or line < c[1])
+
+    during_bar = sum(1 for line, pages in marks
+                     if any(outstanding(c, line) and c[3] & pages for c in usable))
+    during = sum(1 for line, _ in marks if any(outstanding(c, line) and c[2] for c in usable))
+    bar = sum(1 for c in usable if c[3])
+    return (f"frees={len(marks)} during_bar_dma={during_bar} during_dma={during} "
+            f"bar_commands={bar} ambiguous={len(cmds) - len(usable)}")
+
+
 def faults(trace):
     with open(trace, errors="replace") as f:
         return sum(1 for line in f if line.split(" ", 1)[0] in FAULTS)
@@ -149,6 +251,9 @@ def main(argv):
     elif len(argv) == 7 and argv[1] == "since":
         # The IOMMU rig: argv[6] is the QMP socket, to find the NVMe controllers.
         print(since(argv[2], int(argv[3]), int(argv[4]), int(argv[5]), nvme_functions(argv[6])))
+    elif len(argv) in (6, 7) and argv[1] == "frees":
+        nvmes = nvme_functions(argv[6]) if len(argv) == 7 else None
+        print(frees(argv[2], int(argv[3]), int(argv[4]), int(argv[5]), nvmes))
     elif len(argv) == 3 and argv[1] == "faults":
         print(faults(argv[2]))
     else:

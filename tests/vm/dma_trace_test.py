@@ -104,6 +104,53 @@ def main():
     expect("the faults command", out, "2")
     os.unlink(t)
 
+    # Frees against outstanding commands: the emulated GPU's marks (a free, then its pages).
+    def free(n, pages):
+        return [f"memory_region_ops_write cpu 0 mr 0x55 addr 0xfe200000 value 0x4652{n:04x} size 4 name 'ivshmem-mmio'"] + [
+            f"memory_region_ops_write cpu 0 mr 0x55 addr 0xfe200000 value 0x5047{p:04x} size 4 name 'ivshmem-mmio'"
+            for p in pages]
+
+    def done(cid, q=1):
+        return f"pci_nvme_enqueue_req_completion cid {cid} cqid {q} dw0 0x0 dw1 0x0 status 0x0"
+
+    page = 0x10000
+    read = lambda cid, q=1: f"pci_nvme_io_cmd cid {cid} nsid 0x4 sqid {q} opc 0x2 opname 'NVME_NVM_CMD_READ'"
+    t = trace(
+        free(0, [3])  # before any command: raced nothing
+        + [read(7), f"pci_nvme_map_addr addr 0x{BAR + 3 * page + 0x800:x} len 4096"]
+        + free(1, [3, 4])  # while cid 7 reads into page 3: under DMA into its pages
+        + free(2, [9])  # while cid 7 reads, but into another page: under DMA, not into its pages
+        + [done(7)]
+        + free(3, [3])  # after the completion: raced nothing
+        + [read(8), "pci_nvme_map_addr addr 0x4000 len 4096"]  # a read into RAM (a bounce)
+        + free(4, [3])  # under DMA, none into the BAR
+        + [done(8),
+           "memory_region_ops_write cpu 0 mr 0x55 addr 0xfe200000 value 0x4652 size 4 name 'other'",
+           "memory_region_ops_write cpu 0 mr 0x55 addr 0xfe20000c value 0x46520009 size 4 name 'ivshmem-mmio-x'"]
+    )
+    r = kv(dma_trace.frees(t, 0, BAR, BAR_SIZE))
+    expect("frees: every free mark, nothing else", r["frees"], 5)
+    expect("frees: only the free of a page under outstanding DMA into it", r["during_bar_dma"], 1)
+    expect("frees: under any outstanding data command", r["during_dma"], 3)
+    expect("frees: commands with data in the BAR", r["bar_commands"], 1)
+    expect("frees: since a mark", kv(dma_trace.frees(t, 2, BAR, BAR_SIZE))["frees"], 4)
+    os.unlink(t)
+    # A command never completed stays outstanding; a cid outstanding twice at once (two
+    # controllers: the trace does not say which) is no evidence.
+    t = trace([read(1), f"pci_nvme_map_addr addr 0x{BAR:x} len 4096"] + free(0, [0])
+              + [read(2, 2), f"pci_nvme_map_addr addr 0x{BAR + page:x} len 4096",
+                 read(2, 2), "pci_nvme_map_addr addr 0x8000 len 4096"] + free(1, [1]) + [done(2, 2)])
+    r = kv(dma_trace.frees(t, 0, BAR, BAR_SIZE))
+    expect("frees: under a command not yet completed", r["during_bar_dma"], 1)
+    expect("frees: a cid outstanding twice is left out", (r["ambiguous"], r["during_dma"]), (2, 2))
+    os.unlink(t)
+    # The IOMMU rig: a command's pages known from its translations, after the free even.
+    t = trace([read(1), "pci_nvme_map_addr addr 0xfffc0000 len 4096"] + free(0, [5])
+              + [translate(NVME, 0xFFFC0000, BAR + 5 * page), done(1)])
+    r = kv(dma_trace.frees(t, 0, BAR, BAR_SIZE, {NVME}))
+    expect("frees, iommu: pages judged by the translation", (r["during_bar_dma"], r["bar_commands"]), (1, 1))
+    os.unlink(t)
+
     print(f"dma_trace: {passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -5,6 +5,8 @@
   qmp.py device-del SOCKET ID                  device_del of the device named ID
   qmp.py throttle SOCKET DRIVE BPS             the drive's I/O limit: BPS bytes a second, read
                                                and write together (block_set_io_throttle)
+  qmp.py trace SOCKET EVENT on|off             a trace event switched on or off while QEMU runs
+                                               (trace-event-set-state)
 
 Prints OK, or FAIL with QEMU's error.
 """
@@ -37,6 +39,8 @@ def main(argv):
     elif len(argv) == 5 and argv[1] == "throttle" and argv[4].isdigit():
         limits = {k: 0 for k in ("bps_rd", "bps_wr", "iops", "iops_rd", "iops_wr")}
         reply = execute(argv[2], "block_set_io_throttle", {"device": argv[3], "bps": int(argv[4]), **limits})
+    elif len(argv) == 5 and argv[1] == "trace" and argv[4] in ("on", "off"):
+        reply = execute(argv[2], "trace-event-set-state", {"name": argv[3], "enable": argv[4] == "on"})
     else:
         raise SystemExit(__doc__)
     print("OK" if "return" in reply else f"FAIL {reply.get('error', {}).get('desc', reply)}")

@@ -361,6 +361,28 @@ _dma_expect() {
 	return 1
 }
 
+# Whether frees raced device DMA, as QEMU traced it on the host (not what either module
+# counts): _frees_mark switches on the trace of MMIO writes, in which the emulated GPU's
+# driver marks each free that revokes page tables and the pages it frees; _frees_since
+# switches it off and sets FREES (frees since the mark), FREES_DURING_BAR_DMA (those that
+# began while an NVMe command moving data to or from a page they free was outstanding:
+# submitted, not yet completed), FREES_DURING_DMA (while any data command was: a bounced
+# read's DMA goes to host memory) and BAR_COMMANDS (commands with data in the BAR).
+_frees_mark() {
+	_host_request_reply FREES-MARK || return 1
+	_FREES_MARK=${reply#OK }
+}
+_frees_since() {
+	FREES= FREES_DURING_BAR_DMA= FREES_DURING_DMA= BAR_COMMANDS=
+	[ -n "${_FREES_MARK:-}" ] || { ktap_print_msg "_frees_since: no mark"; return 1; }
+	_host_request_reply FREES-SINCE "$_FREES_MARK" || return 1
+	ktap_print_msg "frees since the mark (host trace): ${reply#OK }"
+	FREES=$(_kv "$reply" frees)
+	FREES_DURING_BAR_DMA=$(_kv "$reply" during_bar_dma)
+	FREES_DURING_DMA=$(_kv "$reply" during_dma)
+	BAR_COMMANDS=$(_kv "$reply" bar_commands)
+}
+
 # Like _host_request, for requests whose reply carries values: succeeds on "OK ...".
 _host_request_reply() {
 	_host_request_open || return 1
@@ -422,15 +444,18 @@ _sha256_direct() {
 	dd if="$1" iflag=direct bs=1M count="$2" 2>/dev/null | sha256sum | cut -d' ' -f1
 }
 
-# Waits until a transfer is running in the module (debugfs counters), so that a
-# fault lands on I/O in flight; fails after 30 s.
-_wait_active_transfer() {
-	_wat=0
-	while [ $_wat -lt 300 ]; do
-		[ "$(sed -n 's/^active_transfers //p' /sys/kernel/debug/gdirect/counters 2>/dev/null)" -gt 0 ] 2>/dev/null && return 0
+# Waits up to 30 s until the block device $1 holds reads: its count of reads issued and not
+# ended (/sys/block/NAME/inflight, the block layer's, not the module's), for a test that must
+# act while the device has a transfer. Succeeds when it does.
+_wait_disk_busy() {
+	_wdb_q=/sys/block/$(basename "$1")/inflight
+	_wdb=0
+	while [ $_wdb -lt 300 ]; do
+		read -r _wdb_r _ <"$_wdb_q" 2>/dev/null && [ "${_wdb_r:-0}" -gt 0 ] && return 0
 		sleep 0.1
-		_wat=$((_wat + 1))
+		_wdb=$((_wdb + 1))
 	done
+	ktap_print_msg "$1 held no read within 30 s ($_wdb_q)"
 	return 1
 }
 

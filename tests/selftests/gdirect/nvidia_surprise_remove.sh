@@ -50,7 +50,7 @@ while ! grep -q '^ready' /tmp/surprise.hold && [ $i -lt 100 ]; do sleep 0.1; i=$
 _test "a holder registers 4 MiB of GPU memory" _expect_eq register OK "$(_kv "$(cat /tmp/surprise.hold)" register)"
 # 48 MiB from the namespace QEMU throttles to 32 MB/s: about 1.5 s in flight.
 _bg_read_start "$slow" --mem egpu --offset 8M --len 48M --chunk 48M
-_test "a read into GPU memory is in flight" _wait_active_transfer
+_test "a read into GPU memory is in flight: the drive holds reads" _wait_disk_busy "$slow"
 
 _test "device_del through QEMU's monitor, and the GPU's slot powered off" _surprise_unplug gpu "$port"
 gone() {

@@ -44,7 +44,7 @@ ctrl=$NVMEOF_CTRL
 [ $p2p -eq 1 ] && rnic_before=$(_rdma_counter rxe_near p2pdma_write_bytes)
 gdirect-io inflight "$NVMEOF_NS" 64 >/tmp/inflight.out 2>&1 &
 pid=$!
-_test "reads are in flight in the module" _wait_active_transfer
+_test "reads are in flight: the drive holds reads" _wait_disk_busy "$NVMEOF_NS"
 delete() { echo 1 >"/sys/class/nvme/$ctrl/delete_controller"; }
 _test "the host deletes controller $ctrl" delete
 deadline=$(($(date +%s) + 60))

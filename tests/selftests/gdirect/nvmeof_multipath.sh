@@ -79,7 +79,7 @@ _test "reported as bounced over tcp: the paths' queues take no P2P pages" report
 
 # One path lost mid-read: the other carries the rest.
 _bg_read_start "$NVMEOF_NS" --mem egpu --offset $((32 * MIB)) --len $((128 * MIB)) --chunk $((128 * MIB))
-_test "a 128 MiB read is in flight in the module" _wait_active_transfer
+_test "a 128 MiB read is in flight: the drive holds reads" _wait_disk_busy "$NVMEOF_NS"
 _test "the second port is removed: one path lost" _nvmet_unlink tcp2 "$nqn"
 _bg_read_wait 60
 failed_over() {
@@ -92,7 +92,7 @@ _test "the lost path is down, the read failed over to the other and completed, e
 # The last path lost mid-read: a fabric fault.
 _bg_read_start "$NVMEOF_NS" --mem egpu --offset $((64 * MIB)) --len $((128 * MIB)) --chunk $((128 * MIB))
 last_lost() {
-	_wait_active_transfer && _nvmet_unlink tcp "$nqn"
+	_wait_disk_busy "$NVMEOF_NS" && _nvmet_unlink tcp "$nqn"
 }
 _test "the first port is removed mid-read too: no path left" last_lost
 _bg_read_wait 60

@@ -30,7 +30,7 @@ _test "connected over RDMA ($port)" up
 [ $p2p -eq 1 ] && _test "a read through $port goes peer to peer, exact (host check)" _fabric_read_p2p $((169 * 1048576))
 
 _bg_read_start "$NVMEOF_NS" --mem egpu --len 128M --chunk 128M
-_test "the 128 MiB read is in flight in the module" _wait_active_transfer
+_test "the 128 MiB read is in flight: the drive holds reads" _wait_disk_busy "$NVMEOF_NS"
 disable() { echo 0 >"$enable"; }
 _test "the target disables the namespace" disable
 _bg_read_wait 60

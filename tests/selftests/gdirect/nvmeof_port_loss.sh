@@ -34,7 +34,7 @@ _test "connected over RDMA ($port) with ctrl-loss-tmo $LOSS_TMO s" up
 [ $p2p -eq 1 ] && _test "a read through $port goes peer to peer, exact (host check)" _fabric_read_p2p $((168 * 1048576))
 
 _bg_read_start "$NVMEOF_NS" --mem egpu --len 128M --chunk 128M
-_test "the 128 MiB read is in flight in the module" _wait_active_transfer
+_test "the 128 MiB read is in flight: the drive holds reads" _wait_disk_busy "$NVMEOF_NS"
 _test "the target port is removed" _nvmet_unlink "$port" "$nqn"
 _bg_read_wait 60
 _test "the read fails, with an error and no byte count" _bg_read_failed_cleanly

@@ -22,6 +22,7 @@ ktap_print_header
 ktap_set_plan 7
 
 dir=$(mktemp -d)
+_frees_mark || ktap_print_msg "no mark of QEMU's trace"
 for p in 1 2 3 4; do
 	gdirect-io revoke "$slow" 48 >"$dir/$p" 2>&1 &
 	eval "pid$p=$!"
@@ -33,6 +34,7 @@ for p in 1 2 3 4; do
 		sed "s/^/process $p: /" "$dir/$p" | while read -r l; do ktap_print_msg "$l"; done
 	fi
 done
+_frees_since
 ktap_print_msg "$(cat "$dir"/[1-4] | grep submitted | tr '\n' ' ')"
 _test "4 processes revoking under reads in flight: each finished" _expect_eq failed 0 "$fails"
 # Each process printed its tally (submitted=N ... other=N, N > 0): empty output passes nothing.
@@ -47,10 +49,16 @@ revoked=$(cat "$dir"/[1-4] | sed -n 's/.* revoked=\([0-9]*\).*/\1/p' | awk '{s +
 in_flight=$(cat "$dir"/[1-4] | sed -n 's/.*in_flight_at_free=\([0-9]*\).*/\1/p' | awk '{s += $1} END {print s + 0}')
 mism=$(cat "$dir"/[1-4] | sed -n 's/.*data_mismatches=\([0-9]*\).*/\1/p' | awk '{s += $1} END {print s + 0}')
 checked=$(cat "$dir"/[1-4] | sed -n 's/^data_checked=\([0-9]*\).*/\1/p' | awk '{s += $1} END {print s + 0}')
-echo "GDIRECT-FIGURE race_revoke transfers_in_flight_at_frees=$in_flight reads_revoked=$revoked reads_completed_checked=$checked mismatches=$mism"
-# Raced: transfers were running when a free began (debugfs), or queued ones were revoked.
-_test "the frees raced the reads: transfers running at a free, or queued ones revoked" \
-	sh -c "[ $((in_flight + revoked)) -gt 0 ]"
+echo "GDIRECT-FIGURE race_revoke frees=$FREES frees_during_dma_into_their_pages=$FREES_DURING_BAR_DMA transfers_in_flight_at_frees=$in_flight reads_revoked=$revoked reads_completed_checked=$checked mismatches=$mism"
+# Raced, as QEMU saw it (the module's in_flight_at_free is only printed): of the 4 frees, at
+# least half began while the NVMe had reads into the very pages they freed outstanding (a
+# process whose reads all wait in the module's queue when it frees has none at the device; 3 or
+# 4 of 4 do, as measured).
+raced() {
+	_expect_eq "frees traced" 4 "$FREES" &&
+		sh -c "[ ${FREES_DURING_BAR_DMA:-0} -ge 2 ]"
+}
+_test "the frees began under DMA into their pages: at least 2 of 4 (QEMU's trace)" raced
 # Each process reports its checked reads (none when every read was revoked before it ran, as
 # happens): four reports, or the check has nothing to stand on.
 checked_all() {
