@@ -66,9 +66,11 @@ import json, sys, time
 import torch
 which, path, compare = sys.argv[1], sys.argv[2], sys.argv[3]
 torch.cuda.init(); torch.zeros(1, device="cuda:0"); torch.cuda.synchronize()
-if which == "gdirect":
+if which.startswith("gdirect"):
     import gdirect.safetensors as gst
     gst.load  # imported before the clock, as torch is
+    if which == "gdirect-nogather":
+        gst._GATHER_BELOW = 0  # every laid-out piece its own request to the engine
 t0 = time.perf_counter()
 if which == "safetensors":
     import safetensors.torch as stt
@@ -113,6 +115,8 @@ def main():
     ap.add_argument("--mb", type=int, default=600)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--nogather", action="store_true",
+                    help="also load with every laid-out piece a request of its own (gdirect-nogather)")
     ap.add_argument("--out")
     a = ap.parse_args()
     path = os.path.join(a.dir, f"gdirect-many-{a.tensors}-{a.mb}.safetensors")
@@ -127,8 +131,8 @@ def main():
     rows = [{"meta": meta}]
     print(json.dumps(meta))
     for i in range(a.runs):
-        for which in ("safetensors", "gdirect"):
-            r = child(which, path, compare=(which == "gdirect" and i == 0))
+        for which in ("safetensors", "gdirect") + (("gdirect-nogather",) if a.nogather else ()):
+            r = child(which, path, compare=(which.startswith("gdirect") and i == 0))
             rows.append(r)
             print(json.dumps(r), flush=True)
     if a.profile:
@@ -137,7 +141,7 @@ def main():
         with open(a.out, "a") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-    for which in ("safetensors", "gdirect"):
+    for which in ("safetensors", "gdirect") + (("gdirect-nogather",) if a.nogather else ()):
         s = sorted(r["seconds"] for r in rows[1:] if r.get("loader") == which)
         print(f"{which}: median {s[len(s) // 2]:.3f} s of {len(s)} runs")
 

@@ -888,6 +888,72 @@ fn read_many<'py>(
     Ok((report, each.iter().map(|r| (r.bytes, r.eof)).collect()))
 }
 
+/// Copies within one GPU's memory, from the `src_len` bytes at `src` to the `dst_len` bytes at
+/// `dst` (each inside one CUDA allocation, the two on one GPU, not overlapping): each `(dst
+/// offset, src offset, length)` of `copies`, device to device, in one batch of the driver where
+/// it allows (`CudaBackend::copy_device_many`). The destinations may not overlap. Work queued
+/// on the GPU before the call is finished first; the copies are finished when it returns.
+#[pyfunction]
+fn cuda_copy_many(
+    py: Python<'_>,
+    dst: u64,
+    dst_len: u64,
+    src: u64,
+    src_len: u64,
+    copies: Vec<(u64, u64, u64)>,
+) -> PyResult<()> {
+    let d = device_allocation(dst, dst_len)?;
+    let s = device_allocation(src, src_len)?;
+    if d.ordinal != s.ordinal {
+        return Err(PyValueError::new_err(format!(
+            "cuda_copy_many's source is on GPU {} and its destination on GPU {}: one GPU",
+            s.ordinal, d.ordinal
+        )));
+    }
+    if dst < src + src_len && src < dst + dst_len {
+        return Err(PyValueError::new_err(
+            "cuda_copy_many's source and destination overlap",
+        ));
+    }
+    let mut spans = Vec::with_capacity(copies.len());
+    let mut abs = Vec::with_capacity(copies.len());
+    for &(doff, soff, n) in &copies {
+        let inside = |off: u64, size: u64| off.checked_add(n).is_some_and(|end| end <= size);
+        if !inside(doff, dst_len) || !inside(soff, src_len) {
+            return Err(PyValueError::new_err(format!(
+                "the copy of {n} bytes from {soff} to {doff} runs past its buffer \
+                 ({src_len} bytes of source, {dst_len} of destination)"
+            )));
+        }
+        if n > 0 {
+            spans.push((doff, n));
+            abs.push((dst + doff, src + soff, n));
+        }
+    }
+    spans.sort_unstable();
+    if spans.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+        return Err(PyValueError::new_err(
+            "two destinations of cuda_copy_many overlap",
+        ));
+    }
+    let engine = cuda_engine(d.ordinal)?;
+    py.allow_threads(|| {
+        engine.backend().synchronize_all()?;
+        // SAFETY: every range lies in one of two live CUDA allocations of this GPU (checked
+        // above; the caller holds them), which do not overlap, and the destinations are
+        // disjoint; the work queued before was waited for.
+        unsafe { engine.backend().copy_device_many(&abs) }
+    })
+    .map_err(py_err)
+}
+
+/// Whether `cuda_copy_many` gives the driver its copies in batches (`cuMemcpyBatchAsync`),
+/// rather than one call each (asked after a CUDA call, so that the driver is loaded).
+#[pyfunction]
+fn cuda_batch_copies() -> bool {
+    CudaBackend::batch_copies()
+}
+
 /// Where a request's memory is: host memory, or device memory of a GPU (its ordinal).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Place {
@@ -1612,6 +1678,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(safetensors::safetensors_header, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::safetensors_layout, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::safetensors_views, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_copy_many, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_batch_copies, m)?)?;
     m.add_function(wrap_pyfunction!(settings, m)?)?;
     m.add_function(wrap_pyfunction!(stats, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

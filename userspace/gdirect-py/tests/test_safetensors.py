@@ -500,3 +500,41 @@ def test_the_native_views_are_as_strided_with_contiguous_strides_in_elements():
     assert list(out) == ["a", "b", "e", "f"]
     with pytest.raises(ValueError, match="one offset for each tensor"):
         gst._native.safetensors_views(tensors, offsets[:-1], typed, gst.DTYPE_SIZES, {})
+
+
+def test_small_pieces_are_gathered_in_file_order_and_the_rest_read_in_place(monkeypatch):
+    monkeypatch.setattr(gst, "_GATHER_BELOW", 100)
+    monkeypatch.setattr(gst, "_STAGING", 250)
+    segs = [(0, 0, 10), (10, 16, 50), (60, 72, 100),   # 100: in place, ends the first group
+            (160, 176, 99), (259, 280, 99), (358, 384, 99),  # 3 x 99 > 250: cut
+            (457, 488, 5),                               # with the 99 before it
+            (600, 640, 7),                               # not after 457+5: alone, in place
+            (900, 936, 7), (907, 944, 8)]                # nor after 600+7: a group
+    direct, groups = gst._gather(segs)
+    assert groups == [[(0, 0, 10), (10, 16, 50)], [(160, 176, 99), (259, 280, 99)],
+                      [(358, 384, 99), (457, 488, 5)], [(900, 936, 7), (907, 944, 8)]]
+    assert direct == [(60, 72, 100), (600, 640, 7)]
+    # Every piece once, either way.
+    assert sorted(direct + [s for g in groups for s in g]) == sorted(segs)
+    for g in groups:
+        assert g[-1][0] + g[-1][2] - g[0][0] <= 250
+        assert all(a[0] + a[2] == b[0] for a, b in zip(g, g[1:]))
+    assert gst._gather([]) == ([], [])
+    assert gst._gather([(0, 0, 5)]) == ([(0, 0, 5)], [])
+
+
+def test_the_device_copies_refuse_without_a_gpu():
+    """Where no CUDA driver is (CI), the gathered read's copy refuses host addresses with an
+    error, never a panic, and says it has no batch."""
+    try:
+        import ctypes.util
+
+        if ctypes.util.find_library("cuda"):
+            pytest.skip("a CUDA driver is installed: tests_gpu covers it")
+    except ImportError:
+        pass
+    buf = bytearray(64)
+    addr = np.frombuffer(buf, dtype=np.uint8).ctypes.data
+    with pytest.raises(ValueError):
+        gst._native.cuda_copy_many(addr, 32, addr + 32, 32, [(0, 0, 8)])
+    assert gst._native.cuda_batch_copies() is False

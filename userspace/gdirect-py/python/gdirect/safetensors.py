@@ -523,6 +523,43 @@ def _layout(run: _Run) -> Tuple[int, List[Tuple[int, int, int]], List[int]]:
     return _native.safetensors_layout(run.tensors, DTYPE_SIZES)
 
 
+# A laid-out run's pieces (``_layout``) smaller than this, next to each other in the file, are
+# read together into a staging buffer on the GPU, at most ``_STAGING`` bytes at a time, and
+# moved into place there (``_read_runs``).
+_GATHER_BELOW = 1 << 20
+_STAGING = 128 << 20
+
+
+def _gather(segs: List[Tuple[int, int, int]]
+            ) -> Tuple[List[Tuple[int, int, int]], List[List[Tuple[int, int, int]]]]:
+    """Splits a run's reads ``(file offset, buffer offset, length)`` into those read in place
+    and groups of small ones read together: each group at least two pieces, each one's file
+    range following the last's, ``_STAGING`` bytes at most."""
+    direct: List[Tuple[int, int, int]] = []
+    groups: List[List[Tuple[int, int, int]]] = []
+    cur: List[Tuple[int, int, int]] = []
+
+    def flush() -> None:
+        if len(cur) > 1:
+            groups.append(list(cur))
+        else:
+            direct.extend(cur)
+        cur.clear()
+
+    for seg in segs:
+        file_off, _, n = seg
+        if n >= _GATHER_BELOW:
+            flush()
+            direct.append(seg)
+            continue
+        if cur and (cur[-1][0] + cur[-1][2] != file_off
+                    or file_off + n - cur[0][0] > _STAGING):
+            flush()
+        cur.append(seg)
+    flush()
+    return direct, groups
+
+
 def _read_runs(backends: Dict[Device, Any], runs: List[_Run], files: Dict[str, File]
                ) -> List[Tuple[Any, List[int]]]:
     """Reads every run into a buffer of its own on its device (laid out by ``_layout``), from
@@ -536,22 +573,44 @@ def _read_runs(backends: Dict[Device, Any], runs: List[_Run], files: Dict[str, F
     for i, r in enumerate(runs):
         groups.setdefault(r.device, []).append(i)
 
+    def check(i: int, file_off: int, want: int, got: int) -> None:
+        if got != want:
+            raise _bad(
+                runs[i].header.path,
+                f"truncated: {got} of {want} data bytes at {file_off} could be read",
+            )
+
     def read(device: Device, idx: List[int]) -> None:
-        reads, whose = [], []
+        cuda = device[0] == "cuda"
+        reads, whose, gathers = [], [], []
         for i in idx:
             ptr = _target(blobs[i]).ptr
             f = files[runs[i].header.path]._f
             data = runs[i].header.data_start
-            for file_off, buf_off, n in layouts[i][1]:
+            direct, small = _gather(layouts[i][1]) if cuda else (layouts[i][1], [])
+            for file_off, buf_off, n in direct:
                 reads.append((f, ptr + buf_off, n, data + file_off))
                 whose.append((i, file_off, n))
-        _, each = _native.read_many(reads, device[0] == "cuda")
+            gathers += [(i, f, ptr, data, g) for g in small]
+        _, each = _native.read_many(reads, cuda)
         for (i, file_off, want), (got, _eof) in zip(whose, each):
-            if got != want:
-                raise _bad(
-                    runs[i].header.path,
-                    f"truncated: {got} of {want} data bytes at {file_off} could be read",
-                )
+            check(i, file_off, want, got)
+        if not gathers:
+            return
+        # Small pieces, each a request of its own to the engine, cost more than their bytes:
+        # each group of them is read as one range into a staging buffer on the GPU, and moved
+        # into place there by one batch of device copies.
+        cap = max(g[-1][0] + g[-1][2] - g[0][0] for _, _, _, _, g in gathers)
+        stage = backends[device].buffer(cap)
+        sptr = _target(stage).ptr
+        for i, f, ptr, data, g in gathers:
+            start = g[0][0]
+            n = g[-1][0] + g[-1][2] - start
+            _, ((got, _eof),) = _native.read_many([(f, sptr, n, data + start)], True)
+            check(i, start, n, got)
+            _native.cuda_copy_many(ptr, layouts[i][0], sptr, cap,
+                                   [(buf_off, file_off - start, m) for file_off, buf_off, m in g])
+        del stage
 
     if len(groups) <= 1:
         for device, idx in groups.items():

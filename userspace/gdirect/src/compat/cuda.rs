@@ -297,6 +297,183 @@ impl CudaBackend {
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
+
+    /// Copies within the GPU's memory: each `(dst, src, len)` of `copies`, device to device,
+    /// on a stream of its own, and waits for them. One call of the driver for up to
+    /// 4096 copies where it has `cuMemcpyBatchAsync` (CUDA 12.8 and later), one call
+    /// each where it has not. (A thousand small copies cost a thousand calls of a few µs
+    /// each, made one after another inside the driver; a batch costs one.)
+    ///
+    /// # Safety
+    ///
+    /// Every range is device memory of this context, alive until the call returns, and no
+    /// other work touches the destinations meanwhile, nor writes the sources; no destination
+    /// overlaps a source or another destination.
+    pub unsafe fn copy_device_many(&self, copies: &[(u64, u64, u64)]) -> Result<()> {
+        if copies.is_empty() {
+            return Ok(());
+        }
+        let _entered = Entered::push(&self.ctx)?;
+        let stream = OwnStream::new()?;
+        for chunk in copies.chunks(BATCH) {
+            match memcpy_batch() {
+                Some(f) => {
+                    let mut dsts: Vec<CUdeviceptr> = chunk.iter().map(|c| c.0).collect();
+                    let mut srcs: Vec<CUdeviceptr> = chunk.iter().map(|c| c.1).collect();
+                    let mut sizes: Vec<usize> = chunk.iter().map(|c| c.2 as usize).collect();
+                    let device = MemLocation {
+                        kind: 1, // CU_MEM_LOCATION_TYPE_DEVICE
+                        id: self.ctx.ordinal() as i32,
+                    };
+                    let mut attrs = MemcpyAttributes {
+                        src_access_order: 1, // CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+                        src_loc_hint: device,
+                        dst_loc_hint: device,
+                        flags: 0,
+                    };
+                    let mut attr_idx: usize = 0;
+                    let mut fail_idx: usize = usize::MAX;
+                    // SAFETY: the arrays hold `chunk.len()` entries each, one attribute set
+                    // applies from copy 0; the ranges are the caller's promise; the stream is
+                    // ours and the context current.
+                    let r = unsafe {
+                        f(
+                            dsts.as_mut_ptr(),
+                            srcs.as_mut_ptr(),
+                            sizes.as_mut_ptr(),
+                            chunk.len(),
+                            &mut attrs,
+                            &mut attr_idx,
+                            1,
+                            &mut fail_idx,
+                            stream.0,
+                        )
+                    };
+                    if r.result().is_err() {
+                        // A driver that refuses the batch (its arguments checked before any
+                        // copy is queued) gets one call per copy from now on: the copies are
+                        // made again from sources nothing writes.
+                        BATCH_REFUSED.store(true, std::sync::atomic::Ordering::Relaxed);
+                        stream.synchronize()?;
+                        Self::copy_each(chunk, &stream)?;
+                    }
+                }
+                None => Self::copy_each(chunk, &stream)?,
+            }
+        }
+        stream.synchronize()
+    }
+
+    /// Whether [`CudaBackend::copy_device_many`] hands the driver its copies in batches: the
+    /// driver has `cuMemcpyBatchAsync`, has not refused it, and `GDIRECT_NO_BATCH_COPY` is
+    /// not set.
+    pub fn batch_copies() -> bool {
+        // (Without the driver library, no lookup: cudarc would panic.)
+        driver_present() && memcpy_batch().is_some()
+    }
+
+    /// One `cuMemcpyDtoDAsync` per copy, on `stream` (see [`CudaBackend::copy_device_many`]).
+    fn copy_each(copies: &[(u64, u64, u64)], stream: &OwnStream) -> Result<()> {
+        for &(dst, src, len) in copies {
+            // SAFETY: the ranges are `copy_device_many`'s caller's promise; the stream is ours
+            // and the context current.
+            cuda("device copy", unsafe {
+                sys::cuMemcpyDtoDAsync_v2(dst, src, len as usize, stream.0)
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The most copies [`CudaBackend::copy_device_many`] hands the driver in one batch.
+const BATCH: usize = 4096;
+
+/// `CUmemLocation` (CUDA 12.8's layout: a type and an id, 8 bytes; later releases make the id
+/// a union of the same size).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MemLocation {
+    kind: u32,
+    id: i32,
+}
+
+/// `CUmemcpyAttributes`, as CUDA 12.8 defines it.
+#[repr(C)]
+struct MemcpyAttributes {
+    src_access_order: u32,
+    src_loc_hint: MemLocation,
+    dst_loc_hint: MemLocation,
+    flags: u32,
+}
+
+/// `cuMemcpyBatchAsync` as CUDA 12.8 declares it (the symbol without `_v2`, which later
+/// drivers keep for programs built then).
+type MemcpyBatch = unsafe extern "C" fn(
+    *mut CUdeviceptr,
+    *mut CUdeviceptr,
+    *mut usize,
+    usize,
+    *mut MemcpyAttributes,
+    *mut usize,
+    usize,
+    *mut usize,
+    CUstream,
+) -> CUresult;
+
+/// Set when the driver refused a batch: every later copy goes one call each.
+static BATCH_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The driver's `cuMemcpyBatchAsync`, if it has one (looked up once) and has not refused it.
+fn memcpy_batch() -> Option<MemcpyBatch> {
+    static F: std::sync::OnceLock<Option<MemcpyBatch>> = std::sync::OnceLock::new();
+    if BATCH_REFUSED.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    *F.get_or_init(|| {
+        if std::env::var_os("GDIRECT_NO_BATCH_COPY").is_some() {
+            return None;
+        }
+        // SAFETY: the driver library is loaded (a context exists); the symbol, where present,
+        // has the type CUDA 12.8's header gives it.
+        unsafe {
+            sys::culib()
+                .get::<MemcpyBatch>(b"cuMemcpyBatchAsync")
+                .ok()
+                .map(|s| *s)
+        }
+    })
+}
+
+/// A non-blocking stream of the current context, destroyed when dropped (after its work).
+struct OwnStream(CUstream);
+
+impl OwnStream {
+    fn new() -> Result<Self> {
+        let mut s = std::ptr::null_mut();
+        // SAFETY: the caller made a context current; `s` receives the handle.
+        cuda("stream creation", unsafe {
+            sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        })?;
+        Ok(Self(s))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        // SAFETY: our live stream.
+        cuda("stream synchronize", unsafe {
+            sys::cuStreamSynchronize(self.0)
+        })
+    }
+}
+
+impl Drop for OwnStream {
+    fn drop(&mut self) {
+        // SAFETY: our stream, destroyed once; its work is waited for first (an error path
+        // leaves copies queued), with the context current (it outlives the stream's user).
+        unsafe {
+            let _ = sys::cuStreamSynchronize(self.0);
+            let _ = sys::cuStreamDestroy_v2(self.0);
+        }
+    }
 }
 
 /// Destination GPU memory, for the length of one read.
