@@ -90,6 +90,19 @@ PAGE = 4096
 FAULTS = ("vtd_dmar_fault", "vtd_fault_disabled")
 
 
+def translated(line, nvmes, waiting):
+    """For a vtd_dmar_translate line of an NVMe controller of `nvmes`: the entries of `waiting`
+    (IOVA page -> [(..., address, length)]) it translates, taken out of it, each with its guest
+    physical address."""
+    m = TRANSLATE.search(line)
+    if not m or tuple(int(x, 16) for x in m.group(1, 2, 3)) not in nvmes:
+        return
+    iova, gpa, mask = (int(x, 16) for x in m.group(4, 5, 6))
+    for page in range(iova // PAGE, (iova + mask) // PAGE + 1):
+        for entry in waiting.pop(page, []):
+            yield entry, gpa + (entry[1] - iova)
+
+
 def since(trace, mark, start, size, nvmes=None):
     """Bytes mapped since line `mark`, by direction and target. With `nvmes` (the IOMMU rig),
     addresses are IOVAs, judged by their translations."""
@@ -140,14 +153,8 @@ def since(trace, mark, start, size, nvmes=None):
             elif w[0] in FAULTS and nvmes is not None:
                 t["faults"] += 1
             elif w[0] == "vtd_dmar_translate" and nvmes is not None:
-                m = TRANSLATE.search(line)
-                if not m or tuple(int(x, 16) for x in m.group(1, 2, 3)) not in nvmes:
-                    continue
-                iova, gpa, mask = (int(x, 16) for x in m.group(4, 5, 6))
-                for page in range(iova // PAGE, (iova + mask) // PAGE + 1):
-                    for d, addr, length in waiting.pop(page, []):
-                        key = judge(d, gpa + (addr - iova), length)
-                        t[key] += length
+                for (d, addr, length), gpa in translated(line, nvmes, waiting):
+                    t[judge(d, gpa, length)] += length
     if nvmes is not None:
         t["untranslated"] = sum(e[2] for entries in waiting.values() for e in entries)
     return " ".join(f"{k}={v}" for k, v in t.items())
@@ -209,13 +216,8 @@ def frees(trace, mark, start, size, nvmes=None):
                 if cmd is not None:
                     cmd[1] = n
             elif ev == "vtd_dmar_translate" and nvmes is not None:
-                m = TRANSLATE.search(line)
-                if not m or tuple(int(x, 16) for x in m.group(1, 2, 3)) not in nvmes:
-                    continue
-                iova, gpa, mask = (int(x, 16) for x in m.group(4, 5, 6))
-                for page in range(iova // PAGE, (iova + mask) // PAGE + 1):
-                    for cmd, addr, length in waiting.pop(page, []):
-                        bar_pages(cmd, gpa + (addr - iova), length)
+                for (cmd, _, length), gpa in translated(line, nvmes, waiting):
+                    bar_pages(cmd, gpa, length)
             elif ev == "memory_region_ops_write":
                 m = MARK.search(line)
                 if m and m.group(1) == "4652":
