@@ -299,7 +299,7 @@ def test_a_device_map_onto_the_cpu_equals_the_whole_load(tmp_path):
 def test_device_map_keys_match_whole_names_at_dots_and_the_longest_wins(tmp_path):
     files, _ = layered(tmp_path)
     headers = [gst.read_header(p) for p in files]
-    place = gst._placement(headers, None, {"model.layers.1": "cuda:1", "model": 0, "": "cpu",
+    place = gst._placement(headers, {"model.layers.1": "cuda:1", "model": 0, "": "cpu",
                                            "lm_head.weight": "cuda:2"})
     assert place["model.layers.1.w"] == ("cuda", 1)
     assert place["model.layers.10.w"] == ("cuda", 0)  # "model.layers.1" is not its prefix

@@ -469,10 +469,9 @@ def _by_prefix(headers: List[Header], device_map: Dict[str, Any]) -> Dict[str, D
     return out
 
 
-def _placement(headers: List[Header], device: Any, device_map: Any) -> Dict[str, Device]:
-    if device_map is None:
-        d = _device(device)
-        return {t.name: d for h in headers for t in h.tensors}
+def _placement(headers: List[Header], device_map: Any) -> Dict[str, Device]:
+    """Each tensor's device under a ``device_map`` (``load`` places them all on one device
+    itself when there is none)."""
     if isinstance(device_map, str):
         if device_map != "auto":
             raise ValueError(f"device_map {device_map!r}: expected 'auto' or a dict")
@@ -671,7 +670,7 @@ def load(
                 runs.append(_Run(h, one, ts[0].start, ts[-1].end, ts))
         devices = {one} if any(h.tensors for h in headers) else set()
     else:
-        place = _placement(headers, device, device_map)
+        place = _placement(headers, device_map)
         runs = _runs(headers, place)
         devices = set(place.values())
     backends = {d: _backend_for(framework, d) for d in devices}
