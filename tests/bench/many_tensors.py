@@ -3,7 +3,7 @@
 safetensors.torch.load_file, in fresh processes, warm, every tensor compared.
 
 Usage: python3 tests/bench/many_tensors.py [--dir DIR] [--tensors 20000] [--mb 600] [--runs 5]
-       [--profile] [--out results.jsonl]
+       [--profile] [--nogather] [--batchcopy] [--out results.jsonl]
 
 Makes (once) in DIR one safetensors file of --tensors tensors of mixed dtypes (F64, F32, F16,
 BF16, I64, I32, I16, I8, U8, BOOL) and shapes, about --mb MB in all, written in a shuffled
@@ -15,6 +15,9 @@ alternate. Every gdirect load is compared, tensor by tensor, with safetensors' (
 dtypes, shapes, bytes). The figure of issue 31 is the time per tensor beyond the bytes: the
 load's time less the bytes at the large-file rate (BENCHMARKS.md), over the tensor count.
 --profile runs one more gdirect load under cProfile and prints where its time goes.
+--nogather also loads with every laid-out piece a request of its own; --batchcopy also loads
+with the gathered pieces moved by the driver's copies, not the gather kernel
+(GDIRECT_NO_GATHER_KERNEL=1). Each gdirect row names how its pieces were moved ("copies").
 """
 import argparse
 import datetime
@@ -94,13 +97,18 @@ if compare == "1":
         ref[k].dtype == d[k].dtype and ref[k].shape == d[k].shape
         and torch.equal(raw(ref[k]), raw(d[k]))
         for k in ref)
-print(json.dumps({"loader": which, "seconds": t, "tensors": len(d), "same": ok}))
+copies = gst._native.cuda_copy_method(0) if which.startswith("gdirect") else None
+print(json.dumps({"loader": which, "seconds": t, "tensors": len(d), "same": ok, "copies": copies}))
 """
 
 
 def child(which, path, compare=False):
+    env = dict(os.environ)
+    env.pop("GDIRECT_NO_GATHER_KERNEL", None)
+    if which == "gdirect-batchcopy":
+        env["GDIRECT_NO_GATHER_KERNEL"] = "1"
     r = subprocess.run([sys.executable, "-c", CHILD, which, path, "1" if compare else "0"],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=env)
     if r.returncode != 0:
         sys.exit(f"{which}: {r.stderr[-3000:]}")
     if which == "profile":
@@ -117,6 +125,8 @@ def main():
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--nogather", action="store_true",
                     help="also load with every laid-out piece a request of its own (gdirect-nogather)")
+    ap.add_argument("--batchcopy", action="store_true",
+                    help="also load with the driver's copies instead of the gather kernel (gdirect-batchcopy)")
     ap.add_argument("--out")
     a = ap.parse_args()
     path = os.path.join(a.dir, f"gdirect-many-{a.tensors}-{a.mb}.safetensors")
@@ -130,8 +140,10 @@ def main():
             "tensors": a.tensors, "bytes": nbytes, "unaligned": unaligned}
     rows = [{"meta": meta}]
     print(json.dumps(meta))
+    loaders = (("safetensors", "gdirect") + (("gdirect-nogather",) if a.nogather else ())
+               + (("gdirect-batchcopy",) if a.batchcopy else ()))
     for i in range(a.runs):
-        for which in ("safetensors", "gdirect") + (("gdirect-nogather",) if a.nogather else ()):
+        for which in loaders:
             r = child(which, path, compare=(which.startswith("gdirect") and i == 0))
             rows.append(r)
             print(json.dumps(r), flush=True)
@@ -141,7 +153,7 @@ def main():
         with open(a.out, "a") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-    for which in ("safetensors", "gdirect") + (("gdirect-nogather",) if a.nogather else ()):
+    for which in loaders:
         s = sorted(r["seconds"] for r in rows[1:] if r.get("loader") == which)
         print(f"{which}: median {s[len(s) // 2]:.3f} s of {len(s)} runs")
 

@@ -947,11 +947,15 @@ fn cuda_copy_many(
     .map_err(py_err)
 }
 
-/// Whether `cuda_copy_many` gives the driver its copies in batches (`cuMemcpyBatchAsync`),
-/// rather than one call each (asked after a CUDA call, so that the driver is loaded).
+/// How `cuda_copy_many` copies on GPU `device`: `"kernel"` (one launch of the gather
+/// kernel), `"batch"` (`cuMemcpyBatchAsync`) or `"each"` (a driver call per copy); `None`
+/// without the CUDA driver library.
 #[pyfunction]
-fn cuda_batch_copies() -> bool {
-    CudaBackend::batch_copies()
+fn cuda_copy_method(device: usize) -> PyResult<Option<&'static str>> {
+    if !gdirect::compat::driver_present() {
+        return Ok(None);
+    }
+    Ok(cuda_engine(device)?.backend().copy_method())
 }
 
 /// Where a request's memory is: host memory, or device memory of a GPU (its ordinal).
@@ -1679,7 +1683,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(safetensors::safetensors_layout, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::safetensors_views, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_copy_many, m)?)?;
-    m.add_function(wrap_pyfunction!(cuda_batch_copies, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_copy_method, m)?)?;
     m.add_function(wrap_pyfunction!(settings, m)?)?;
     m.add_function(wrap_pyfunction!(stats, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -537,4 +537,4 @@ def test_the_device_copies_refuse_without_a_gpu():
     addr = np.frombuffer(buf, dtype=np.uint8).ctypes.data
     with pytest.raises(ValueError):
         gst._native.cuda_copy_many(addr, 32, addr + 32, 32, [(0, 0, 8)])
-    assert gst._native.cuda_batch_copies() is False
+    assert gst._native.cuda_copy_method(0) is None

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: GPL-2.0 OR MIT
 """The loader's gathered reads on a GPU: small pieces of a checkpoint read as one range into a
-staging buffer and moved into place by a batch of device copies (`_native.cuda_copy_many`),
+staging buffer and moved into place by the gather kernel or a batch of device copies
+(`_native.cuda_copy_many`),
 against the safetensors package's reader and a host reference. Run where torch and a GPU are,
 with `python -m pytest userspace/gdirect-py/tests_gpu`."""
 
@@ -25,12 +26,18 @@ COPY_CHECK = r"""
 import sys, torch
 from gdirect import _native
 g = torch.Generator().manual_seed(int(sys.argv[1]))
-src = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8, generator=g)
-dst = torch.full((1 << 20,), 0xA5, dtype=torch.uint8)
+size = 16 << 20
+src = torch.randint(0, 256, (size,), dtype=torch.uint8, generator=g)
+dst = torch.full((size,), 0xA5, dtype=torch.uint8)
 copies, at = [], 0
-while at < (1 << 20) - 4096:
-    n = int(torch.randint(0, 4096, (1,), generator=g))
-    s = int(torch.randint(0, (1 << 20) - n, (1,), generator=g))
+while at < size - (600 << 10):
+    # Mostly small copies at any offset; some of 16-byte multiples at 16-byte offsets (the
+    # kernel's word path), some longer than one of its descriptors (64 KiB).
+    kind = int(torch.randint(0, 8, (1,), generator=g))
+    n = int(torch.randint(0, 300 << 10 if kind == 0 else 4096, (1,), generator=g))
+    s = int(torch.randint(0, size - n, (1,), generator=g))
+    if kind == 1:
+        at, s, n = -(-at // 16) * 16, s // 16 * 16, n // 16 * 16
     copies.append((at, s, n))
     at += n + int(torch.randint(0, 64, (1,), generator=g))
 want = dst.clone()
@@ -39,26 +46,33 @@ for d, s, n in copies:
 gs, gd = src.cuda(), dst.cuda()
 _native.cuda_copy_many(gd.data_ptr(), gd.numel(), gs.data_ptr(), gs.numel(), copies)
 assert torch.equal(gd.cpu(), want), "copies differ"
-print(_native.cuda_batch_copies(), len(copies))
+words = sum(1 for d, s, n in copies if n and (d | s | n) % 16 == 0)
+print(_native.cuda_copy_method(0), len(copies), words)
 """
 
 
-@pytest.mark.parametrize("batch", [True, False], ids=["batch", "one-by-one"])
-def test_copy_many_moves_each_range_and_nothing_else(batch):
-    """Hundreds of copies of random lengths (some empty) to poisoned memory: each destination
-    holds its source's bytes, every byte between them is still poison. With the driver's batch
-    call and without (`GDIRECT_NO_BATCH_COPY`, a fresh process: the lookup is made once)."""
+@pytest.mark.parametrize("method", ["kernel", "batch", "each"])
+def test_copy_many_moves_each_range_and_nothing_else(method):
+    """Hundreds of copies of random lengths (some empty, some aligned for 16-byte words, some
+    longer than the kernel's 64 KiB pieces) to poisoned memory: each destination holds its
+    source's bytes, every byte between them is still poison. By the gather kernel, by the
+    driver's batch call (`GDIRECT_NO_GATHER_KERNEL`) and one call each (and
+    `GDIRECT_NO_BATCH_COPY`), each in a fresh process: the choice is made once."""
     env = dict(os.environ)
     env.pop("GDIRECT_NO_BATCH_COPY", None)
-    if not batch:
+    env.pop("GDIRECT_NO_GATHER_KERNEL", None)
+    if method != "kernel":
+        env["GDIRECT_NO_GATHER_KERNEL"] = "1"
+    if method == "each":
         env["GDIRECT_NO_BATCH_COPY"] = "1"
     r = subprocess.run([sys.executable, "-c", COPY_CHECK, "7"], env=env, capture_output=True,
                        text=True)
     assert r.returncode == 0, r.stderr[-2000:]
-    batched, n = r.stdout.split()[-2:]
-    assert int(n) > 400
-    # The H200's driver (CUDA 13) has cuMemcpyBatchAsync: the batch ran, and was not refused.
-    assert batched == str(batch)
+    used, n, words = r.stdout.split()[-3:]
+    assert int(n) > 400 and int(words) > 20
+    # The H200's driver (CUDA 13) compiles the kernel and has cuMemcpyBatchAsync: each method
+    # asked for ran, and was not refused.
+    assert used == method
 
 
 def test_copy_many_refuses_what_it_cannot_do():

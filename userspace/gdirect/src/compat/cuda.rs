@@ -209,6 +209,9 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     prefer_mapped: bool,
     hugepages: bool,
+    /// The gather kernel of [`CudaBackend::copy_device_many`], loaded into the context at its
+    /// first use (`None` inside: the driver refused it, or `GDIRECT_NO_GATHER_KERNEL`).
+    gather: Arc<std::sync::OnceLock<Option<Gather>>>,
 }
 
 impl CudaBackend {
@@ -229,6 +232,7 @@ impl CudaBackend {
     pub fn from_context(ctx: Arc<CudaContext>) -> Self {
         Self {
             ctx,
+            gather: Arc::default(),
             prefer_mapped: false,
             hugepages: std::env::var_os("GDIRECT_HUGEPAGES").is_none_or(|v| v != "0"),
         }
@@ -299,10 +303,13 @@ impl CudaBackend {
     }
 
     /// Copies within the GPU's memory: each `(dst, src, len)` of `copies`, device to device,
-    /// on a stream of its own, and waits for them. One call of the driver for up to
-    /// 4096 copies where it has `cuMemcpyBatchAsync` (CUDA 12.8 and later), one call
-    /// each where it has not. (A thousand small copies cost a thousand calls of a few µs
-    /// each, made one after another inside the driver; a batch costs one.)
+    /// on a stream of its own, and waits for them. All of them by one launch of a gather
+    /// kernel (PTX, compiled by the driver when first used in the context), or, where the
+    /// driver refuses it or `GDIRECT_NO_GATHER_KERNEL` is set, by one call of the driver for
+    /// up to 4096 copies where it has `cuMemcpyBatchAsync` (CUDA 12.8 and later), one call
+    /// each where it has not. (The driver's copies cost about 4 µs each on an H200, batched
+    /// or not: a checkpoint's 20,000 small tensors, 80 ms; the kernel moves them in one
+    /// launch, BENCHMARKS.md.)
     ///
     /// # Safety
     ///
@@ -315,6 +322,12 @@ impl CudaBackend {
         }
         let _entered = Entered::push(&self.ctx)?;
         let stream = OwnStream::new()?;
+        if let Some(gather) = self.gather() {
+            // SAFETY: the ranges are this function's caller's promise; the stream is ours
+            // and the context current.
+            unsafe { gather.run(copies, &stream) }?;
+            return stream.synchronize();
+        }
         for chunk in copies.chunks(BATCH) {
             match memcpy_batch() {
                 Some(f) => {
@@ -364,12 +377,40 @@ impl CudaBackend {
         stream.synchronize()
     }
 
-    /// Whether [`CudaBackend::copy_device_many`] hands the driver its copies in batches: the
-    /// driver has `cuMemcpyBatchAsync`, has not refused it, and `GDIRECT_NO_BATCH_COPY` is
-    /// not set.
-    pub fn batch_copies() -> bool {
+    /// How [`CudaBackend::copy_device_many`] copies: `"kernel"` (the gather kernel: loaded
+    /// into this context, or not tried yet and not switched off), `"batch"`
+    /// (`cuMemcpyBatchAsync`: the driver has it, has not refused it, and
+    /// `GDIRECT_NO_BATCH_COPY` is not set) or `"each"` (a call per copy); `None` without
+    /// the driver library.
+    pub fn copy_method(&self) -> Option<&'static str> {
         // (Without the driver library, no lookup: cudarc would panic.)
-        driver_present() && memcpy_batch().is_some()
+        if !driver_present() {
+            return None;
+        }
+        let kernel = match self.gather.get() {
+            Some(loaded) => loaded.is_some(),
+            None => std::env::var_os("GDIRECT_NO_GATHER_KERNEL").is_none(),
+        };
+        Some(if kernel {
+            "kernel"
+        } else if memcpy_batch().is_some() {
+            "batch"
+        } else {
+            "each"
+        })
+    }
+
+    /// The gather kernel, loaded into the context at the first call (which must have it
+    /// current); `None` where `GDIRECT_NO_GATHER_KERNEL` is set or the driver refused it.
+    fn gather(&self) -> Option<&Gather> {
+        self.gather
+            .get_or_init(|| {
+                if std::env::var_os("GDIRECT_NO_GATHER_KERNEL").is_some() {
+                    return None;
+                }
+                Gather::load(&self.ctx).ok()
+            })
+            .as_ref()
     }
 
     /// One `cuMemcpyDtoDAsync` per copy, on `stream` (see [`CudaBackend::copy_device_many`]).
@@ -387,6 +428,230 @@ impl CudaBackend {
 
 /// The most copies [`CudaBackend::copy_device_many`] hands the driver in one batch.
 const BATCH: usize = 4096;
+
+/// The gather kernel, in PTX: the driver compiles it for its GPU when the module is loaded
+/// (no CUDA toolkit is needed to build or to run). Block `b` takes descriptors `b`,
+/// `b + gridDim.x`, ... of `descs` (`count` of them, each `{u64 dst, u64 src, u64 len}`, the
+/// addresses global ones) and its threads copy the bytes: 16-byte words where `dst`, `src`
+/// and `len` are all multiples of 16, single bytes otherwise (the small tensors of a
+/// checkpoint start where their dtype's size divides the offset at best). What one block
+/// copies at a time is at most [`GATHER_PIECE`] bytes (longer copies are cut), so that no
+/// long copy keeps one block busy while the others are done.
+const GATHER_PTX: &str = "\
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry gdirect_gather(
+	.param .u64 gdirect_gather_descs,
+	.param .u32 gdirect_gather_count
+)
+{
+	.reg .pred %p<4>;
+	.reg .b16 %rs<2>;
+	.reg .b32 %r<10>;
+	.reg .b64 %rd<13>;
+
+	ld.param.u64 %rd1, [gdirect_gather_descs];
+	ld.param.u32 %r1, [gdirect_gather_count];
+	cvta.to.global.u64 %rd1, %rd1;
+	mov.u32 %r2, %ctaid.x;
+	mov.u32 %r3, %nctaid.x;
+	mov.u32 %r4, %tid.x;
+	mov.u32 %r5, %ntid.x;
+	cvt.u64.u32 %rd2, %r4;
+	cvt.u64.u32 %rd3, %r5;
+$L_desc:
+	setp.ge.u32 %p1, %r2, %r1;
+	@%p1 bra $L_done;
+	mul.wide.u32 %rd4, %r2, 24;
+	add.s64 %rd4, %rd1, %rd4;
+	ld.global.u64 %rd5, [%rd4];
+	ld.global.u64 %rd6, [%rd4+8];
+	ld.global.u64 %rd7, [%rd4+16];
+	cvta.to.global.u64 %rd5, %rd5;
+	cvta.to.global.u64 %rd6, %rd6;
+	or.b64 %rd8, %rd5, %rd6;
+	or.b64 %rd8, %rd8, %rd7;
+	and.b64 %rd8, %rd8, 15;
+	setp.ne.s64 %p2, %rd8, 0;
+	@%p2 bra $L_bytes;
+	shl.b64 %rd9, %rd2, 4;
+	shl.b64 %rd10, %rd3, 4;
+$L_words:
+	setp.ge.u64 %p3, %rd9, %rd7;
+	@%p3 bra $L_next;
+	add.s64 %rd11, %rd6, %rd9;
+	add.s64 %rd12, %rd5, %rd9;
+	ld.global.v4.u32 {%r6, %r7, %r8, %r9}, [%rd11];
+	st.global.v4.u32 [%rd12], {%r6, %r7, %r8, %r9};
+	add.s64 %rd9, %rd9, %rd10;
+	bra $L_words;
+$L_bytes:
+	mov.u64 %rd9, %rd2;
+$L_byte:
+	setp.ge.u64 %p3, %rd9, %rd7;
+	@%p3 bra $L_next;
+	add.s64 %rd11, %rd6, %rd9;
+	add.s64 %rd12, %rd5, %rd9;
+	ld.global.u8 %rs1, [%rd11];
+	st.global.u8 [%rd12], %rs1;
+	add.s64 %rd9, %rd9, %rd3;
+	bra $L_byte;
+$L_next:
+	add.s32 %r2, %r2, %r3;
+	bra $L_desc;
+$L_done:
+	ret;
+}
+\0";
+
+/// The most bytes one descriptor of the gather kernel copies (a multiple of 16, so that the
+/// pieces of an aligned copy stay aligned).
+const GATHER_PIECE: u64 = 64 << 10;
+
+/// The gather kernel's threads per block, and its most blocks (each takes descriptors in
+/// turn past that).
+const GATHER_THREADS: u32 = 256;
+const GATHER_BLOCKS: u32 = 1 << 16;
+
+/// The gather kernel loaded into a context: its module (unloaded when dropped) and function.
+struct Gather {
+    ctx: Arc<CudaContext>,
+    module: sys::CUmodule,
+    function: sys::CUfunction,
+}
+
+// SAFETY: a module and its function are handles of the context, usable from any thread that
+// makes the context current (every use pushes it).
+unsafe impl Send for Gather {}
+// SAFETY: as for `Send`; launching the function does not change it.
+unsafe impl Sync for Gather {}
+
+impl std::fmt::Debug for Gather {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gather")
+            .field("module", &self.module)
+            .finish()
+    }
+}
+
+impl Gather {
+    /// Compiles and loads the kernel into `ctx`, which the caller made current.
+    fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let mut module = std::ptr::null_mut();
+        // SAFETY: `GATHER_PTX` is a NUL-terminated PTX text; `module` receives the handle.
+        cuda("loading the gather kernel", unsafe {
+            sys::cuModuleLoadData(&mut module, GATHER_PTX.as_ptr().cast())
+        })?;
+        let mut function = std::ptr::null_mut();
+        // SAFETY: our loaded module; the name is NUL-terminated.
+        let found = cuda("finding the gather kernel", unsafe {
+            sys::cuModuleGetFunction(&mut function, module, c"gdirect_gather".as_ptr())
+        });
+        let gather = Self {
+            ctx: ctx.clone(),
+            module,
+            function,
+        };
+        found.map(|()| gather)
+    }
+
+    /// Queues the copies on `stream`: descriptors of at most [`GATHER_PIECE`] bytes each,
+    /// put in device memory (freed before this returns, after the kernel is done with them),
+    /// and one launch. The caller waits for the stream.
+    ///
+    /// # Safety
+    ///
+    /// As [`CudaBackend::copy_device_many`]'s; `stream` is a live stream of the context,
+    /// which is current.
+    unsafe fn run(&self, copies: &[(u64, u64, u64)], stream: &OwnStream) -> Result<()> {
+        let mut descs: Vec<[u64; 3]> = Vec::with_capacity(copies.len());
+        for &(dst, src, len) in copies {
+            let mut at = 0;
+            while at < len {
+                let n = (len - at).min(GATHER_PIECE);
+                descs.push([dst + at, src + at, n]);
+                at += n;
+            }
+        }
+        if descs.is_empty() {
+            return Ok(());
+        }
+        let count = u32::try_from(descs.len()).map_err(|_| Error::Cuda {
+            what: "the gather kernel",
+            error: format!("{} copies: more than one launch takes", descs.len()),
+        })?;
+        let bytes = std::mem::size_of_val(descs.as_slice());
+        let table = DeviceAlloc::new(bytes)?;
+        // SAFETY: `bytes` bytes of our host vector into our allocation of `bytes`; the
+        // copy from pageable memory has read the vector when the call returns.
+        cuda("copying the gather kernel's table", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(table.0, descs.as_ptr().cast(), bytes, stream.0)
+        })?;
+        let mut table_arg = table.0;
+        let mut count_arg = count;
+        let mut params = [
+            (&raw mut table_arg).cast::<c_void>(),
+            (&raw mut count_arg).cast::<c_void>(),
+        ];
+        // SAFETY: the function takes (u64, u32), whose addresses `params` holds; the
+        // descriptors name ranges the caller vouches for, and the table lives until the
+        // stream is done (below).
+        let launched = cuda("launching the gather kernel", unsafe {
+            sys::cuLaunchKernel(
+                self.function,
+                count.min(GATHER_BLOCKS),
+                1,
+                1,
+                GATHER_THREADS,
+                1,
+                1,
+                0,
+                stream.0,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        });
+        // The table is freed only after the work that reads it (an error included).
+        let done = stream.synchronize();
+        drop(table);
+        launched.and(done)
+    }
+}
+
+impl Drop for Gather {
+    fn drop(&mut self) {
+        // (A context that cannot be made current is gone, and its modules with it.)
+        if let Ok(_entered) = Entered::push(&self.ctx) {
+            // SAFETY: our module, unloaded once, in its context; nothing runs it any more
+            // (every launch was waited for).
+            let _ = unsafe { sys::cuModuleUnload(self.module) };
+        }
+    }
+}
+
+/// Device memory of the current context, freed when dropped (by a thread with the context
+/// current, after the work that uses it).
+struct DeviceAlloc(CUdeviceptr);
+
+impl DeviceAlloc {
+    fn new(bytes: usize) -> Result<Self> {
+        let mut p: CUdeviceptr = 0;
+        // SAFETY: the caller made a context current; `p` receives the allocation.
+        cuda("device allocation", unsafe {
+            sys::cuMemAlloc_v2(&mut p, bytes)
+        })?;
+        Ok(Self(p))
+    }
+}
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        // SAFETY: our allocation, freed once, its users done (the type's contract).
+        let _ = unsafe { sys::cuMemFree_v2(self.0) };
+    }
+}
 
 /// `CUmemLocation` (CUDA 12.8's layout: a type and an id, 8 bytes; later releases make the id
 /// a union of the same size).
