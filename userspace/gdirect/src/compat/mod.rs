@@ -228,6 +228,12 @@ pub struct Settings {
     pub keep_mapped: u64,
     /// The largest piece a worker claims at once.
     pub max_piece: u64,
+    /// The least a write's piece is (a multiple of 4 KiB): a write is cut at multiples of
+    /// this or of the task size, whichever is larger. Writers of one file take its inode's
+    /// lock in turn: 16 workers writing 2 MiB pieces into the page cache wrote at half one
+    /// thread's rate on an H200 node, 16 MiB pieces at its rate (BENCHMARKS.md, the save
+    /// table).
+    pub write_piece: u64,
     /// Record each I/O's latency in the [`Report`].
     pub latencies: bool,
     /// Reads and writes of fewer bytes than this do not try the module: `GpuReader` gives
@@ -246,6 +252,7 @@ impl Default for Settings {
             page_cache: PageCache::Auto,
             keep_mapped: 0,
             max_piece: 64 << 20,
+            write_piece: 16 << 20,
             latencies: false,
             direct_threshold: 0,
         }
@@ -288,6 +295,7 @@ impl Settings {
             ("GDIRECT_STAGING_SIZE", &mut self.staging_size),
             ("GDIRECT_KEEP_MAPPED", &mut self.keep_mapped),
             ("GDIRECT_DIRECT_THRESHOLD", &mut self.direct_threshold),
+            ("GDIRECT_WRITE_PIECE", &mut self.write_piece),
         ] {
             if let Some(v) = var(name) {
                 *field = parse_size(&v).ok_or_else(|| bad(name, v))?;
@@ -320,6 +328,16 @@ impl Settings {
         }
         if self.max_piece == 0 {
             return bad("max_piece", self.max_piece, "more than 0");
+        }
+        if self.write_piece == 0
+            || self.write_piece % DIRECT_ALIGN != 0
+            || self.write_piece > 1 << 30
+        {
+            return bad(
+                "write_piece",
+                self.write_piece,
+                "a multiple of 4 KiB, at most 1 GiB",
+            );
         }
         Ok(())
     }
@@ -372,6 +390,12 @@ impl Builder {
     pub fn max_piece(mut self, bytes: u64) -> Self {
         self.settings.max_piece = bytes;
         self.overrides.push(|s, o| s.max_piece = o.max_piece);
+        self
+    }
+    /// The least bytes a write's piece is (a multiple of 4 KiB; [`Settings::write_piece`]).
+    pub fn write_piece(mut self, bytes: u64) -> Self {
+        self.settings.write_piece = bytes;
+        self.overrides.push(|s, o| s.write_piece = o.write_piece);
         self
     }
     /// Record per-I/O latencies in reports.

@@ -98,6 +98,7 @@ fn engine(threads: usize, task: u64, mode: PageCache) -> CompatEngine<HostBacken
         .staging_size(task * 2)
         .page_cache(mode)
         .max_piece(task * 4)
+        .write_piece(task)
         .latencies(true)
         .build_host()
         .expect("engine")
@@ -590,6 +591,9 @@ fn settings_come_from_defaults_then_environment_then_builder() {
         CompatEngine::builder().task_size(1000),
         CompatEngine::builder().task_size(0),
         CompatEngine::builder().max_piece(0),
+        CompatEngine::builder().write_piece(0),
+        CompatEngine::builder().write_piece(5000),
+        CompatEngine::builder().write_piece(2 << 30),
     ] {
         let err = bad.build_host().err().expect("refused");
         assert_eq!(err.errno(), Some(Errno::EINVAL), "{err}");
@@ -1061,6 +1065,41 @@ fn host_writes_land_exactly_and_touch_nothing_else() {
                 "{len} bytes at {offset} with {threads} threads"
             );
         }
+    }
+}
+
+/// A write is cut at multiples of the write piece (16 MiB by default) where that is larger
+/// than the task size, and of the task size where it is not: its report counts the pieces.
+#[test]
+fn writes_are_cut_at_the_write_piece_or_the_task_size() {
+    let out = TempFile::new("pieces", 40 << 20, 23);
+    let sink = Sink::open(&out.path, false, false).expect("open for writing");
+    let data = TempFile::new("src", 40 << 20, 24).data.clone();
+    let built = |piece: Option<u64>| {
+        let b = CompatEngine::builder().threads(4).task_size(1 << 20);
+        piece
+            .map_or(b.clone(), |p| b.write_piece(p))
+            .build_host()
+            .expect("engine")
+    };
+    assert_eq!(built(None).settings().write_piece, 16 << 20);
+    // (offset, length, write piece, pieces): the first piece ends at a multiple of the piece.
+    for (offset, len, piece, want) in [
+        (0u64, 40u64 << 20, None, 3u64),
+        (4096, 32 << 20, None, 3),
+        (0, 40 << 20, Some(4 << 20), 10),
+        (0, 8 << 20, Some(4096), 8),
+    ] {
+        let e = built(piece);
+        // SAFETY: `data` is readable for the call.
+        let r = unsafe { e.write_host_ptr(&sink, data.as_ptr(), len, offset) }.expect("write");
+        assert_eq!(
+            (r.bytes, r.ios),
+            (len, want),
+            "{len} at {offset}, piece {piece:?}"
+        );
+        let got = std::fs::read(&out.path).expect("read back");
+        assert!(got[offset as usize..(offset + len) as usize] == data[..len as usize]);
     }
 }
 

@@ -167,12 +167,6 @@ impl<B: Backend> Drop for PooledLane<'_, B> {
     }
 }
 
-/// The least a write's piece is: writers into one file's page cache take its inode's lock in
-/// turn, and at the 2 MiB task size 16 workers wrote a 2 GB checkpoint from an H200 into the
-/// page cache at half the rate of one thread's `write` of the same bytes, the same at 4 or 32
-/// workers; with pieces of 16 MiB, at that rate (BENCHMARKS.md, the save table).
-const WRITE_PIECE: u64 = 16 << 20;
-
 /// What the workers did, together.
 #[derive(Default)]
 struct WriteTally {
@@ -182,8 +176,8 @@ struct WriteTally {
 }
 
 impl<B: Backend> CompatEngine<B> {
-    /// Cuts `[offset, offset + len)` at multiples of the write piece (the task size, at least
-    /// [`WRITE_PIECE`]) and has the workers write the pieces: `piece(worker_state,
+    /// Cuts `[offset, offset + len)` at multiples of the task size or the write piece
+    /// ([`Settings::write_piece`](super::Settings::write_piece)), whichever is larger, and has the workers write the pieces: `piece(worker_state,
     /// memory_offset, n)` gives the address of the piece's bytes, readable until the next call
     /// on that worker.
     fn write_pieces<S>(
@@ -194,7 +188,7 @@ impl<B: Backend> CompatEngine<B> {
         state: impl Fn() -> Result<S> + Sync,
         piece: impl Fn(&mut S, u64, usize) -> Result<*const u8> + Sync,
     ) -> Result<Report> {
-        let task = self.settings.task_size.max(WRITE_PIECE);
+        let task = self.settings.task_size.max(self.settings.write_piece);
         // A range past the largest file offset: the file cannot grow that far.
         let end = offset
             .checked_add(len)
@@ -367,7 +361,7 @@ impl CompatEngine<CudaBackend> {
                 let lane = pooled.lane.as_mut().ok_or(Error::Worker {
                     what: "a write worker without its lane",
                 })?;
-                // A piece is at most WRITE_PIECE or a task long (the buffer grows to it once).
+                // A piece is at most a write piece or a task long (the buffer grows to it once).
                 let stage = lane.buffer(0, n)?;
                 // SAFETY: `n` bytes of the caller's device memory (see the contract) into the
                 // lane's pinned buffer of at least `n`; synchronous, so the bytes are there
