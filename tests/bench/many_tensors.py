@@ -3,7 +3,7 @@
 safetensors.torch.load_file, in fresh processes, warm, every tensor compared.
 
 Usage: python3 tests/bench/many_tensors.py [--dir DIR] [--tensors 20000] [--mb 600] [--runs 5]
-       [--profile] [--nogather] [--batchcopy] [--out results.jsonl]
+       [--profile] [--nogather] [--kernel] [--batchcopy] [--out results.jsonl]
 
 Makes (once) in DIR one safetensors file of --tensors tensors of mixed dtypes (F64, F32, F16,
 BF16, I64, I32, I16, I8, U8, BOOL) and shapes, about --mb MB in all, written in a shuffled
@@ -15,9 +15,10 @@ alternate. Every gdirect load is compared, tensor by tensor, with safetensors' (
 dtypes, shapes, bytes). The figure of issue 31 is the time per tensor beyond the bytes: the
 load's time less the bytes at the large-file rate (BENCHMARKS.md), over the tensor count.
 --profile runs one more gdirect load under cProfile and prints where its time goes.
---nogather also loads with every laid-out piece a request of its own; --batchcopy also loads
-with the gathered pieces moved by the driver's copies, not the gather kernel
-(GDIRECT_NO_GATHER_KERNEL=1). Each gdirect row names how its pieces were moved ("copies").
+--nogather also loads with every laid-out piece a request of its own; --kernel and
+--batchcopy also load with the gathered pieces moved by the gather kernel
+(GDIRECT_GATHER_KERNEL=1), and by the driver's copies (=0). Each gdirect row names how its
+pieces were moved ("copies").
 """
 import argparse
 import datetime
@@ -104,9 +105,8 @@ print(json.dumps({"loader": which, "seconds": t, "tensors": len(d), "same": ok, 
 
 def child(which, path, compare=False):
     env = dict(os.environ)
-    env.pop("GDIRECT_NO_GATHER_KERNEL", None)
-    if which == "gdirect-batchcopy":
-        env["GDIRECT_NO_GATHER_KERNEL"] = "1"
+    if which in ("gdirect-kernel", "gdirect-batchcopy"):
+        env["GDIRECT_GATHER_KERNEL"] = "1" if which == "gdirect-kernel" else "0"
     r = subprocess.run([sys.executable, "-c", CHILD, which, path, "1" if compare else "0"],
                        capture_output=True, text=True, env=env)
     if r.returncode != 0:
@@ -125,8 +125,10 @@ def main():
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--nogather", action="store_true",
                     help="also load with every laid-out piece a request of its own (gdirect-nogather)")
+    ap.add_argument("--kernel", action="store_true",
+                    help="also load with the gather kernel (gdirect-kernel)")
     ap.add_argument("--batchcopy", action="store_true",
-                    help="also load with the driver's copies instead of the gather kernel (gdirect-batchcopy)")
+                    help="also load with the driver's copies, not the gather kernel (gdirect-batchcopy)")
     ap.add_argument("--out")
     a = ap.parse_args()
     path = os.path.join(a.dir, f"gdirect-many-{a.tensors}-{a.mb}.safetensors")
@@ -141,6 +143,7 @@ def main():
     rows = [{"meta": meta}]
     print(json.dumps(meta))
     loaders = (("safetensors", "gdirect") + (("gdirect-nogather",) if a.nogather else ())
+               + (("gdirect-kernel",) if a.kernel else ())
                + (("gdirect-batchcopy",) if a.batchcopy else ()))
     for i in range(a.runs):
         for which in loaders:

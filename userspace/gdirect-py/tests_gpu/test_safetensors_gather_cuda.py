@@ -55,14 +55,12 @@ print(_native.cuda_copy_method(0), len(copies), words)
 def test_copy_many_moves_each_range_and_nothing_else(method):
     """Hundreds of copies of random lengths (some empty, some aligned for 16-byte words, some
     longer than the kernel's 64 KiB pieces) to poisoned memory: each destination holds its
-    source's bytes, every byte between them is still poison. By the gather kernel, by the
-    driver's batch call (`GDIRECT_NO_GATHER_KERNEL`) and one call each (and
+    source's bytes, every byte between them is still poison. By the gather kernel
+    (`GDIRECT_GATHER_KERNEL=1`), by the driver's batch call (`=0`) and one call each (and
     `GDIRECT_NO_BATCH_COPY`), each in a fresh process: the choice is made once."""
     env = dict(os.environ)
     env.pop("GDIRECT_NO_BATCH_COPY", None)
-    env.pop("GDIRECT_NO_GATHER_KERNEL", None)
-    if method != "kernel":
-        env["GDIRECT_NO_GATHER_KERNEL"] = "1"
+    env["GDIRECT_GATHER_KERNEL"] = "1" if method == "kernel" else "0"
     if method == "each":
         env["GDIRECT_NO_BATCH_COPY"] = "1"
     r = subprocess.run([sys.executable, "-c", COPY_CHECK, "7"], env=env, capture_output=True,

@@ -598,7 +598,8 @@ def _read_runs(backends: Dict[Device, Any], runs: List[_Run], files: Dict[str, F
             return
         # Small pieces, each a request of its own to the engine, cost more than their bytes:
         # each group of them is read as one range into a staging buffer on the GPU, and moved
-        # into place there by one launch of the gather kernel (``cuda_copy_many``).
+        # into place there by one call of ``cuda_copy_many`` (a batch of device copies, or the
+        # gather kernel).
         cap = max(g[-1][0] + g[-1][2] - g[0][0] for _, _, _, _, g in gathers)
         stage = backends[device].buffer(cap)
         sptr = _target(stage).ptr

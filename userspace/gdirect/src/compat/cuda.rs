@@ -210,7 +210,7 @@ pub struct CudaBackend {
     prefer_mapped: bool,
     hugepages: bool,
     /// The gather kernel of [`CudaBackend::copy_device_many`], loaded into the context at its
-    /// first use (`None` inside: the driver refused it, or `GDIRECT_NO_GATHER_KERNEL`).
+    /// first use (`None` inside: the driver refused it, or it is not wanted: [`gather_wanted`]).
     gather: Arc<std::sync::OnceLock<Option<Gather>>>,
 }
 
@@ -304,12 +304,12 @@ impl CudaBackend {
 
     /// Copies within the GPU's memory: each `(dst, src, len)` of `copies`, device to device,
     /// on a stream of its own, and waits for them. All of them by one launch of a gather
-    /// kernel (PTX, compiled by the driver when first used in the context), or, where the
-    /// driver refuses it or `GDIRECT_NO_GATHER_KERNEL` is set, by one call of the driver for
-    /// up to 4096 copies where it has `cuMemcpyBatchAsync` (CUDA 12.8 and later), one call
-    /// each where it has not. (The driver's copies cost about 4 µs each on an H200, batched
-    /// or not: a checkpoint's 20,000 small tensors, 80 ms; the kernel moves them in one
-    /// launch, BENCHMARKS.md.)
+    /// kernel (PTX, compiled by the driver when first used in the context) where it is
+    /// wanted (`GDIRECT_GATHER_KERNEL=1`; not yet by default) and the driver takes it;
+    /// otherwise by one call of the driver for up to 4096 copies where it has
+    /// `cuMemcpyBatchAsync` (CUDA 12.8 and later), one call each where it has not. (The
+    /// driver's copies cost about 4 µs each on an H200, batched or not: a checkpoint's
+    /// 20,000 small tensors, 80 ms; the kernel moves them in one launch.)
     ///
     /// # Safety
     ///
@@ -389,7 +389,7 @@ impl CudaBackend {
         }
         let kernel = match self.gather.get() {
             Some(loaded) => loaded.is_some(),
-            None => std::env::var_os("GDIRECT_NO_GATHER_KERNEL").is_none(),
+            None => gather_wanted(),
         };
         Some(if kernel {
             "kernel"
@@ -401,11 +401,11 @@ impl CudaBackend {
     }
 
     /// The gather kernel, loaded into the context at the first call (which must have it
-    /// current); `None` where `GDIRECT_NO_GATHER_KERNEL` is set or the driver refused it.
+    /// current); `None` where it is not wanted ([`gather_wanted`]) or the driver refused it.
     fn gather(&self) -> Option<&Gather> {
         self.gather
             .get_or_init(|| {
-                if std::env::var_os("GDIRECT_NO_GATHER_KERNEL").is_some() {
+                if !gather_wanted() {
                     return None;
                 }
                 Gather::load(&self.ctx).ok()
@@ -428,6 +428,20 @@ impl CudaBackend {
 
 /// The most copies [`CudaBackend::copy_device_many`] hands the driver in one batch.
 const BATCH: usize = 4096;
+
+/// Whether [`CudaBackend::copy_device_many`] uses the gather kernel: `GDIRECT_GATHER_KERNEL`
+/// `1` (yes) or `0` (no), else [`GATHER_BY_DEFAULT`].
+fn gather_wanted() -> bool {
+    match std::env::var("GDIRECT_GATHER_KERNEL") {
+        Ok(v) => v.trim() == "1",
+        Err(_) => GATHER_BY_DEFAULT,
+    }
+}
+
+/// Not yet: the kernel has run in an interpreter of its PTX and been assembled by `ptxas`
+/// (tests/gpu/gather_ptx_test.py), but not on a GPU; the driver's copies stay the default
+/// until the H200 run of `tests_gpu` has compared its bytes.
+const GATHER_BY_DEFAULT: bool = false;
 
 /// The gather kernel, in PTX: the driver compiles it for its GPU when the module is loaded
 /// (no CUDA toolkit is needed to build or to run). Block `b` takes descriptors `b`,
@@ -566,15 +580,7 @@ impl Gather {
     /// As [`CudaBackend::copy_device_many`]'s; `stream` is a live stream of the context,
     /// which is current.
     unsafe fn run(&self, copies: &[(u64, u64, u64)], stream: &OwnStream) -> Result<()> {
-        let mut descs: Vec<[u64; 3]> = Vec::with_capacity(copies.len());
-        for &(dst, src, len) in copies {
-            let mut at = 0;
-            while at < len {
-                let n = (len - at).min(GATHER_PIECE);
-                descs.push([dst + at, src + at, n]);
-                at += n;
-            }
-        }
+        let descs = gather_table(copies);
         if descs.is_empty() {
             return Ok(());
         }
@@ -618,6 +624,21 @@ impl Gather {
         drop(table);
         launched.and(done)
     }
+}
+
+/// The gather kernel's descriptors of `copies`: each `(dst, src, len)` cut into pieces of at
+/// most [`GATHER_PIECE`] bytes, in order; empty copies none.
+fn gather_table(copies: &[(u64, u64, u64)]) -> Vec<[u64; 3]> {
+    let mut descs = Vec::with_capacity(copies.len());
+    for &(dst, src, len) in copies {
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(GATHER_PIECE);
+            descs.push([dst + at, src + at, n]);
+            at += n;
+        }
+    }
+    descs
 }
 
 impl Drop for Gather {
@@ -1066,5 +1087,39 @@ impl Drop for CudaLane {
             }
             let _ = sys::cuStreamDestroy_v2(self.stream);
         }
+    }
+}
+
+#[cfg(test)]
+mod gather_tests {
+    use super::{gather_table, GATHER_PIECE};
+
+    /// Long copies are cut into pieces of at most 64 KiB that cover them exactly, in order;
+    /// an aligned copy's pieces stay aligned (16 divides the piece size); empty copies vanish.
+    #[test]
+    fn the_gather_table_cuts_long_copies_and_covers_every_byte() {
+        let copies = [
+            (0x1000, 0x9_0000, 3 * GATHER_PIECE + 5),
+            (0x20_0001, 0x7, 0),
+            (0x30_0010, 0x40_0020, GATHER_PIECE),
+            (0x50_0003, 0x60_0005, 17),
+        ];
+        let t = gather_table(&copies);
+        assert_eq!(t.len(), 4 + 1 + 1);
+        assert!(t.iter().all(|d| d[2] > 0 && d[2] <= GATHER_PIECE));
+        let mut i = 0;
+        for &(dst, src, len) in copies.iter().filter(|c| c.2 > 0) {
+            let mut at = 0;
+            while at < len {
+                let [d, s, n] = t[i];
+                assert_eq!((d, s), (dst + at, src + at), "piece {i}");
+                at += n;
+                i += 1;
+            }
+            assert_eq!(at, len);
+        }
+        assert_eq!(i, t.len());
+        assert!(t[4..5].iter().all(|d| (d[0] | d[1] | d[2]) % 16 == 0));
+        assert_eq!(GATHER_PIECE % 16, 0);
     }
 }
