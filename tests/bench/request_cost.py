@@ -3,10 +3,14 @@
 slots of a GPU buffer (torch), submit to completion, every read checked against the file.
 
 Usage: python3 tests/bench/request_cost.py [--file PATH] [--count 3000] [--label NAME]
+       [--kvikio]
 
 Prints one JSON line per (size, call): p50 and p99 in µs over --count requests after 200 of
 warm-up. Run it with two builds of the package in one lease (alternating, PYTHONPATH picks the
-build) to measure what a change to the per-request path saves (issue 31, item 2).
+build) to measure what a change to the per-request path saves (issue 31, item 2), and with
+--kvikio (KvikIO's `CuFile.pread(...).get()`, compat mode, call "kvikio-pread") alternating
+with gdirect's to compare the two under the same conditions. BENCHMARKS.md renders every
+line, grouped by label, size and call.
 """
 import argparse
 import json
@@ -21,9 +25,9 @@ def main():
     ap.add_argument("--file", default="/var/tmp/gdirect-request-cost.bin")
     ap.add_argument("--count", type=int, default=3000)
     ap.add_argument("--label", default="")
+    ap.add_argument("--kvikio", action="store_true", help="KvikIO's CuFile.pread, not gdirect")
     a = ap.parse_args()
     import torch
-    import gdirect
 
     size_file = 256 << 20
     if not os.path.exists(a.file) or os.path.getsize(a.file) != size_file:
@@ -32,18 +36,29 @@ def main():
     with open(a.file, "rb") as f:
         data = f.read()
     buf = torch.zeros(64 << 20, dtype=torch.uint8, device="cuda:0")
-    f = gdirect.File(a.file)
+    if a.kvikio:
+        import kvikio
+        import kvikio.defaults
+
+        kvikio.defaults.set({"num_threads": 1, "compat_mode": kvikio.CompatMode.ON})
+        f = kvikio.CuFile(a.file, "r")
+        calls = ("kvikio-pread",)
+    else:
+        import gdirect
+
+        f = gdirect.File(a.file)
+        calls = ("pread", "read")
     rng = random.Random(5)
     for io in (4096, 65536):
         slots = [buf[i * io:(i + 1) * io] for i in range(256)]
-        for call in ("pread", "read"):
+        for call in calls:
             buf.fill_(0xA5)  # poisoned
             lat, last = [], {}
             for k in range(a.count + 200):
                 off = rng.randrange(size_file // io) * io
                 slot = k % 256
                 t0 = time.perf_counter_ns()
-                if call == "pread":
+                if call in ("pread", "kvikio-pread"):
                     n = f.pread(slots[slot], io, off).get()
                 else:
                     n = f.read(slots[slot], file_offset=off).bytes
