@@ -773,24 +773,11 @@ fn xfsz_exec(exec: bool, slow: &str, path: &str, limit: u64) -> gdirect::Result<
     let queued = driver.submit(&hold, 0)?;
     // The read in the block layer's hands (its inflight count, not the module's word) before
     // the writes queue: they wait for the room it holds.
-    let stat = format!(
-        "/sys/class/block/{}/inflight",
-        slow.rsplit('/').next().unwrap_or(slow)
-    );
-    let inflight_reads = || {
-        std::fs::read_to_string(&stat)
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    let start = std::time::Instant::now();
-    while inflight_reads() == 0 && start.elapsed() < std::time::Duration::from_secs(10) {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    let in_disk = wait_disk_reads(slow);
     check(
         "the holding read is in flight",
-        queued == 1 && inflight_reads() > 0,
-        || format!("{queued} queued, {stat}: none in flight"),
+        queued == 1 && in_disk > 0,
+        || format!("{queued} queued, {slow}: none in flight"),
     );
     let mut writes = Batch::new();
     writes.write(&file, &reg, 0, limit - 16 * 1024, LEN, 2);
@@ -1884,6 +1871,28 @@ fn free_bound(dev: &str, threads: u64, mib: u64, regs: u64) -> gdirect::Result<(
     Ok(())
 }
 
+/// Waits (at most 10 s) until the block layer holds reads of `dev` in flight (its `inflight`
+/// count in sysfs, not the module's word), and returns how many it holds then (0: none came).
+fn wait_disk_reads(dev: &str) -> u64 {
+    let stat = format!(
+        "/sys/class/block/{}/inflight",
+        dev.rsplit('/').next().unwrap_or(dev)
+    );
+    let reads = || {
+        std::fs::read_to_string(&stat)
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let start = std::time::Instant::now();
+    let mut n = reads();
+    while n == 0 && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        n = reads();
+    }
+    n
+}
+
 /// The bounce path's CPU copies against a free (see the command's help). On a namespace the
 /// rig does not throttle, a 1 MiB read takes about as long as the copy of its bytes into GPU
 /// memory, so with a few threads a free often lands inside a copy: the free must wait for
@@ -2018,7 +2027,10 @@ fn revoke(dev: &str, count: u64, bounce: bool) -> gdirect::Result<()> {
         tally(c, Some(&alloc))?;
     }
     // Free while the reads are in flight: the free returns once no read can touch the memory.
-    // How many were in flight is the module's debugfs counter, read just before.
+    // First the drive must hold some (the block layer's count: a forced bounce can take longer
+    // to reach it than the free, on the IOMMU rig, and then the free races nothing); the
+    // module's debugfs counter is read just before, and only printed.
+    let disk_reads = wait_disk_reads(dev);
     let in_flight = debugfs::counter("active_transfers")?;
     let report = gpu.free_va(va)?;
     // The free poisoned the memory (EGPU_FREED_POISON): every byte must be that, and stay so
@@ -2040,7 +2052,10 @@ fn revoke(dev: &str, count: u64, bounce: bool) -> gdirect::Result<()> {
         "unchanged_after_revocation={} poisoned_at_free={poisoned}",
         snapshot == after && poisoned
     );
-    println!("data_checked={checked} data_mismatches={mismatches} in_flight_at_free={in_flight}");
+    println!(
+        "data_checked={checked} data_mismatches={mismatches} in_flight_at_free={in_flight} \
+         disk_reads_at_free={disk_reads}"
+    );
     let query_after = reg.query(gdirect::PciAddress {
         domain: 0,
         bus: 0,
