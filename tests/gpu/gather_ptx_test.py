@@ -164,20 +164,17 @@ def run(ptx, mem, args, grid, block, counts=None):
                     reg[o[0]] = mem.load(addr(o[1]), 1)
                 elif op == "st.global.u8":
                     mem.store(addr(o[0]), 1, val(o[1]))
-                elif op == "ld.global.v4.u32":
-                    a = addr(o[1])
+                elif op in ("ld.global.v4.u32", "st.global.v4.u32"):
+                    load = op.startswith("ld")
+                    a = addr(o[1] if load else o[0])
                     if a % 16:
-                        raise Fault(f"a 16-byte load at {a:#x}: misaligned")
-                    words = [x.strip() for x in o[0].strip("{}").split(",")]
+                        raise Fault(f"a 16-byte {'load' if load else 'store'} at {a:#x}: misaligned")
+                    words = [x.strip() for x in (o[0] if load else o[1]).strip("{}").split(",")]
                     for i, w in enumerate(words):
-                        reg[w] = mem.load(a + 4 * i, 4)
-                elif op == "st.global.v4.u32":
-                    a = addr(o[0])
-                    if a % 16:
-                        raise Fault(f"a 16-byte store at {a:#x}: misaligned")
-                    words = [x.strip() for x in o[1].strip("{}").split(",")]
-                    for i, w in enumerate(words):
-                        mem.store(a + 4 * i, 4, reg[w])
+                        if load:
+                            reg[w] = mem.load(a + 4 * i, 4)
+                        else:
+                            mem.store(a + 4 * i, 4, reg[w])
                 else:
                     raise Fault(f"an instruction this interpreter does not know: {op}")
 
