@@ -89,7 +89,7 @@ def parse(ptx):
     return [name for _, name in params], code, labels
 
 
-def run(ptx, mem, args, grid, block, counts=None):
+def run(ptx, mem, args, grid, block, limit, counts=None):
     """Runs every thread of the launch (threads are independent: no shared memory, no
     barrier, disjoint destinations, so one after another is one of the GPU's orders)."""
     names, code, labels = parse(ptx)
@@ -117,8 +117,8 @@ def run(ptx, mem, args, grid, block, counts=None):
             pc, steps = 0, 0
             while True:
                 steps += 1
-                if steps > 10_000_000:
-                    raise Fault("a thread ran 10 million instructions: it does not end")
+                if steps > limit:
+                    raise Fault(f"a thread ran {limit} instructions: it does not end")
                 pred, op, o = code[pc]
                 pc += 1
                 if pred is not None and not reg[pred]:
@@ -190,7 +190,9 @@ def gather(ptx, copies, src_len, dst_len, grid, block, seed, counts=None):
         (dst + d).to_bytes(8, "little") + (src + s).to_bytes(8, "little") + n.to_bytes(8, "little")
         for d, s, n in copies)
     descs = mem.alloc(table) if table else mem.alloc(b"\0" * 24)
-    run(ptx, mem, [descs, len(copies)], grid, block, counts)
+    # A thread that copied every byte alone would run about 8 instructions a byte.
+    limit = 20 * (sum(n for _, _, n in copies) + 100 * len(copies)) + 1000
+    run(ptx, mem, [descs, len(copies)], grid, block, limit, counts)
     want = bytearray([POISON]) * dst_len
     source = mem.bytes_at(src)
     for d, s, n in copies:
@@ -269,7 +271,7 @@ def main():
             "setp.gt.u64 %p3, %rd9, %rd7;\n\t@%p3 bra $L_next;\n\tadd.s64 %rd11, %rd6, %rd9;\n"
             "\tadd.s64 %rd12, %rd5, %rd9;\n\tld.global.v4"),
     }
-    copies = random_copies(random.Random(8), 6000, 4000, 40, 0.4)
+    copies = random_copies(random.Random(8), 6000, 4000, 16, 0.4)
     # (and some whose addresses and length 8 divides, 16 not)
     copies.append((copies[-1][0] + copies[-1][2] + 8 + (-(copies[-1][0] + copies[-1][2])) % 16,
                    24, 40))
