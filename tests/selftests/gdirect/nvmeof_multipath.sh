@@ -21,7 +21,10 @@ _require_root
 _require_cmd nvme ip gdirect jq
 [ -e /sys/module/nvme_core/parameters/multipath ] || ktap_exit_fail_msg "the kernel has no NVMe native multipath (CONFIG_NVME_MULTIPATH)"
 _load_all || ktap_exit_fail_msg "cannot load the modules"
-local_ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
+# The target exports the throttled namespace (4: 64 MiB at 32 MB/s), so that each read is
+# still in flight when a path goes: a 128 MiB read of namespace 1 over the one path left once
+# ended between two looks at the head's in-flight count, and the last path was never lost.
+local_ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL" 4) || ktap_exit_fail_msg "no namespace 4 of $GDIRECT_NVME0_SERIAL"
 nqn=$GDIRECT_NQN_PREFIX:multipath
 
 ktap_print_header
@@ -68,7 +71,7 @@ listed() {
 _test "gdirect check nvmeof lists the head, its two TCP paths and the policy" listed
 
 _dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
-_test "16 MiB through the head into GPU memory, exact (host check)" _gd_read_exact "$NVMEOF_NS" 0 $((16 * MIB)) nvme0 0
+_test "16 MiB through the head into GPU memory, exact (host check)" _gd_read_exact "$NVMEOF_NS" 0 $((16 * MIB)) nvme0ns4 0
 _test "QEMU's trace (the host's verdict): the target's drive moved the 16 MiB into RAM, none into the BAR" \
 	_dma_expect ram_read=$((16 * MIB)) bar_read=0
 reported() {
@@ -78,19 +81,19 @@ reported() {
 _test "reported as bounced over tcp: the paths' queues take no P2P pages" reported
 
 # One path lost mid-read: the other carries the rest.
-_bg_read_start "$NVMEOF_NS" --mem egpu --offset $((32 * MIB)) --len $((128 * MIB)) --chunk $((128 * MIB))
-_test "a 128 MiB read is in flight: the drive holds reads" _wait_disk_busy "$NVMEOF_NS"
+_bg_read_start "$NVMEOF_NS" --mem egpu --offset $((16 * MIB)) --len $((48 * MIB)) --chunk $((48 * MIB))
+_test "a 48 MiB read is in flight: the drive holds reads" _wait_disk_busy "$NVMEOF_NS"
 _test "the second port is removed: one path lost" _nvmet_unlink tcp2 "$nqn"
 _bg_read_wait 60
 failed_over() {
-	_expect_eq "exit bytes" "0 $((128 * MIB))" "$BG_RC $(echo "$BG_JSON" | jq -r .bytes)" &&
+	_expect_eq "exit bytes" "0 $((48 * MIB))" "$BG_RC $(echo "$BG_JSON" | jq -r .bytes)" &&
 		_expect_eq "live controllers" 1 "$(live_ctrls)" &&
-		_host_compare "gva:$(echo "$BG_JSON" | jq -r .memory.address)" nvme0:$((32 * MIB)) $((128 * MIB))
+		_host_compare "gva:$(echo "$BG_JSON" | jq -r .memory.address)" nvme0ns4:$((16 * MIB)) $((48 * MIB))
 }
 _test "the lost path is down, the read failed over to the other and completed, exact (host check)" failed_over
 
 # The last path lost mid-read: a fabric fault.
-_bg_read_start "$NVMEOF_NS" --mem egpu --offset $((64 * MIB)) --len $((128 * MIB)) --chunk $((128 * MIB))
+_bg_read_start "$NVMEOF_NS" --mem egpu --offset 0 --len $((48 * MIB)) --chunk $((48 * MIB))
 last_lost() {
 	_wait_disk_busy "$NVMEOF_NS" && _nvmet_unlink tcp "$nqn"
 }
