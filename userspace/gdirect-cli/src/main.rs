@@ -237,6 +237,7 @@ enum Section {
 const EXIT_MISMATCH: u8 = 3;
 
 fn main() -> ExitCode {
+    gdirect_internals::pipe::end_on_closed_pipe();
     let cli = Cli::parse();
     let json = cli.json;
     let result = match cli.command {

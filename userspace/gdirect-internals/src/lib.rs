@@ -11,6 +11,7 @@
 pub mod checksum;
 pub mod egpu;
 pub mod nvmeof;
+pub mod pipe;
 mod sys;
 mod sysfs;
 pub mod topology;
