@@ -9,7 +9,7 @@ use std::{
     collections::HashMap,
     path::PathBuf,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc, Condvar, Mutex, MutexGuard, OnceLock,
     },
     time::{Duration, Instant},
@@ -1357,11 +1357,17 @@ fn start(read: bool, requests: Vec<Request>, keep: Py<PyAny>, single: bool) -> P
 /// and runs that part (a thread that waits for the call may have run it first: then there is
 /// nothing left to do). Made as needed, up to the engines' number of threads when the first call
 /// started, and kept. They sleep on a condition variable when there is nothing to start, and a
-/// call wakes one only if one sleeps (else it makes one, or waits for a busy one); none spins.
+/// call wakes one only if one sleeps and none is looking (a thread that has run a call looks
+/// for the next for `STARTER_LOOKS` before it sleeps), else it makes one, or waits for a busy one.
 struct Starter {
     queue: Mutex<StarterQueue>,
     wake: Condvar,
+    /// Calls in `queue` (for a look without its lock).
+    queued: AtomicUsize,
 }
+
+/// How long a `Starter` thread that has run a call looks for the next before it sleeps.
+const STARTER_LOOKS: Duration = Duration::from_micros(50);
 
 struct StarterQueue {
     calls: std::collections::VecDeque<Arc<Pending>>,
@@ -1369,6 +1375,8 @@ struct StarterQueue {
     threads: usize,
     idle: usize,
     wakes: usize,
+    /// Threads that look for a call without sleeping (`STARTER_LOOKS`).
+    looking: usize,
     /// The most threads to make: the engine's count when the first call was started.
     most: Option<usize>,
 }
@@ -1382,9 +1390,11 @@ impl Starter {
                 threads: 0,
                 idle: 0,
                 wakes: 0,
+                looking: 0,
                 most: None,
             }),
             wake: Condvar::new(),
+            queued: AtomicUsize::new(0),
         })
     }
 
@@ -1392,6 +1402,12 @@ impl Starter {
     fn push(&'static self, call: Arc<Pending>) {
         let mut q = lock(&self.queue);
         q.calls.push_back(call);
+        self.queued.fetch_add(1, Ordering::Release);
+        if q.looking > 0 {
+            // A thread that has just finished looks for work before it sleeps: it takes this
+            // without a wake-up (a system call here, and a scheduling delay there).
+            return;
+        }
         if q.idle > 0 {
             q.idle -= 1;
             q.wakes += 1;
@@ -1423,9 +1439,22 @@ impl Starter {
         loop {
             match q.calls.pop_front() {
                 Some(call) => {
+                    self.queued.fetch_sub(1, Ordering::Relaxed);
                     drop(q);
                     call.run_one();
                     q = lock(&self.queue);
+                    // Requests come in runs (a loop of `pread`s, a batch after a batch): look
+                    // for the next one for a while before sleeping.
+                    q.looking += 1;
+                    drop(q);
+                    let t0 = Instant::now();
+                    while self.queued.load(Ordering::Acquire) == 0 && t0.elapsed() < STARTER_LOOKS {
+                        for _ in 0..64 {
+                            std::hint::spin_loop();
+                        }
+                    }
+                    q = lock(&self.queue);
+                    q.looking -= 1;
                 }
                 None => {
                     q.idle += 1;
