@@ -14,7 +14,10 @@ trap _nvmeof_cleanup EXIT
 _require_root
 _require_cmd nvme ip rdma gdirect jq
 _load_all || ktap_exit_fail_msg "cannot load the modules"
-local_ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME0_SERIAL"
+# The target exports the throttled namespace (4: 64 MiB at 32 MB/s), so that the read is still in
+# flight when the fault comes: a 128 MiB read of namespace 1 took under a second, and a read
+# that ends between two looks at the drive's in-flight count is never faulted.
+local_ns=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL" 4) || ktap_exit_fail_msg "no namespace 4 of $GDIRECT_NVME0_SERIAL"
 nqn=$GDIRECT_NQN_PREFIX:ns-disable
 # The fabric port: rdma (soft-RoCE on a veth: bounced), or rdma-near for the P2P path
 # through the RNIC under the GPU's switch (nvmeof_*_p2p.sh set it).
@@ -27,10 +30,10 @@ ktap_set_plan $((9 + p2p))
 
 up() { _nvmeof_target_up "$port" "$nqn" "$local_ns" && _nvmeof_connect "$port" "$nqn" --ctrl-loss-tmo=3; }
 _test "connected over RDMA ($port)" up
-[ $p2p -eq 1 ] && _test "a read through $port goes peer to peer, exact (host check)" _fabric_read_p2p $((169 * 1048576))
+[ $p2p -eq 1 ] && _test "a read through $port goes peer to peer, exact (host check)" _fabric_read_p2p $((40 * 1048576)) nvme0ns4
 
-_bg_read_start "$NVMEOF_NS" --mem egpu --len 128M --chunk 128M
-_test "the 128 MiB read is in flight: the drive holds reads" _wait_disk_busy "$NVMEOF_NS"
+_bg_read_start "$NVMEOF_NS" --mem egpu --len 48M --chunk 48M
+_test "the 48 MiB read is in flight: the drive holds reads" _wait_disk_busy "$NVMEOF_NS"
 disable() { echo 0 >"$enable"; }
 _test "the target disables the namespace" disable
 _bg_read_wait 60
@@ -55,7 +58,7 @@ reenable() {
 }
 _test "enabled again, the host sees the namespace" reenable
 again() {
-	_gd_read_exact "$NVMEOF_NS" $((152 * 1048576)) 8388608 nvme0 $((152 * 1048576))
+	_gd_read_exact "$NVMEOF_NS" $((48 * 1048576)) 8388608 nvme0ns4 $((48 * 1048576))
 }
 _test "a read is exact again (host check)" again
 _test "teardown leaves nothing behind" _nvmeof_down
