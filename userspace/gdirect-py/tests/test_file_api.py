@@ -117,3 +117,23 @@ def test_stats_count_the_reads(data):
     assert after["bytes"] - before["bytes"] == (1 << 20) + 5000
     moved = sum(after[k] - before[k] for k in ("direct_bytes", "buffered_bytes", "mapped_bytes"))
     assert moved == (1 << 20) + 5000
+
+
+def test_a_report_is_the_dataclass_it_says(data):
+    """read's and write's reports (made without the dataclass's __init__) are Reports in every
+    way: every field set, frozen, equal to and hashed as the one the constructor makes."""
+    import dataclasses
+
+    path, b = data
+    buf = bytearray(8192)
+    with gdirect.File(path, "r+") as f:
+        reports = [f.read(buf, 4096, size=4096), f.write(bytes(buf[:4096]), 4096)]
+    assert buf[:4096] == b[4096:8192]
+    for r in reports:
+        assert type(r) is gdirect.Report and r.bytes == 4096 and r.memory == "host"
+        fields = dataclasses.asdict(r)
+        assert set(fields) == {f.name for f in dataclasses.fields(gdirect.Report)}
+        made = gdirect.Report(**fields)
+        assert r == made and hash(r) == hash(made) and repr(r) == repr(made)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            r.bytes = 0
