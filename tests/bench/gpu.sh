@@ -6,10 +6,11 @@
 #
 # Usage: tests/bench/gpu.sh [--plan explore|full] [--size 4G] [--dir DIR] [--out DIR]
 #
-#   --plan full     the BENCHMARKS.md table: cold, warm steady state and warm first read at
-#                   1, 4 and 16 threads, gdirect (defaults) and KvikIO alternating, 3 of each;
-#                   gdirect with kept page-cache registrations; KvikIO's settings swept for its
-#                   best; naive read-then-copy (about 5 minutes on the H200 machine)
+#   --plan full     the BENCHMARKS.md table: cold at 1, 4 and 16 threads, warm steady state
+#                   and warm first read at 1, 4, 16 and 32 threads, gdirect (defaults) and
+#                   KvikIO alternating, 3 of each; gdirect with kept page-cache registrations;
+#                   KvikIO's settings swept for its best; naive read-then-copy (about 6
+#                   minutes on the H200 machine)
 #   --plan explore  one of each kind, for trying settings (GDIRECT_* variables apply)
 #   --size          the test file's size (random bytes; made once, kept in --dir)
 #   --dir           where the test file lives (default /var/tmp)
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
 	--size) size=$2; shift 2 ;;
 	--dir) dir=$2; shift 2 ;;
 	--out) out=$2; shift 2 ;;
-	-h | --help) sed -n '3,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '3,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "gpu.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -142,7 +143,7 @@ full)
 	done
 	warm
 	# Warm steady state: median of 3 after one warm-up read, in one process.
-	for t in 1 4 16; do
+	for t in 1 4 16 32; do
 		run "warm t$t gdirect" gd --threads "$t"
 		run "warm t$t kvikio" kv --threads "$t"
 	done
@@ -154,7 +155,7 @@ full)
 		done
 	done
 	# Warm first read of a fresh process: 3 processes of each, alternating.
-	for t in 1 4 16; do
+	for t in 1 4 16 32; do
 		for k in 1 2 3; do
 			run "first t$t gdirect #$k" gd --first --threads "$t"
 			run "first t$t kvikio #$k" kv --first --threads "$t"
