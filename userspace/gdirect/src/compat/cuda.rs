@@ -856,7 +856,21 @@ pub struct CudaLane {
     capacity: usize,
     buffers: Vec<Option<Pinned>>,
     events: Vec<CUevent>,
-    pending: Vec<bool>,
+    pending: Vec<Copying>,
+}
+
+/// Where the copy out of a staging buffer stands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Copying {
+    /// None in flight: the buffer may be written.
+    Idle,
+    /// Queued on the stream, its event not recorded yet. It is recorded when the lane is next
+    /// asked for a buffer, before any later copy is queued, so it marks this copy's end: a read
+    /// of one piece, whose `finish` waits for the whole stream, never records it (one driver
+    /// call less per small request).
+    Queued,
+    /// Queued, and its event recorded after it.
+    Recorded,
 }
 
 // SAFETY: CUDA stream, event and pinned-memory handles may be used from any thread that has
@@ -909,7 +923,7 @@ unsafe impl Backend for CudaBackend {
             })?;
             lane.events.push(ev);
             lane.buffers.push(None);
-            lane.pending.push(false);
+            lane.pending.push(Copying::Idle);
         }
         Ok(lane)
     }
@@ -954,13 +968,30 @@ unsafe impl Backend for CudaBackend {
 }
 
 impl CudaLane {
+    /// Records the event of each buffer whose copy is queued but not yet marked: called before
+    /// anything else is queued on the stream, so each event marks the end of its buffer's copy
+    /// (and of what was queued before it), not of later copies.
+    fn record_queued(&mut self) -> Result<()> {
+        for i in 0..self.pending.len() {
+            if self.pending[i] == Copying::Queued {
+                // SAFETY: a live event and stream of this lane.
+                cuda("event record", unsafe {
+                    sys::cuEventRecord(self.events[i], self.stream)
+                })?;
+                self.pending[i] = Copying::Recorded;
+            }
+        }
+        Ok(())
+    }
+
     fn wait(&mut self, i: usize) -> Result<()> {
-        if self.pending[i] {
+        self.record_queued()?;
+        if self.pending[i] == Copying::Recorded {
             // SAFETY: a live event of this lane.
             cuda("waiting for a copy", unsafe {
                 sys::cuEventSynchronize(self.events[i])
             })?;
-            self.pending[i] = false;
+            self.pending[i] = Copying::Idle;
         }
         Ok(())
     }
@@ -1044,11 +1075,8 @@ unsafe impl Lane for CudaLane {
         let src = unsafe { ptr.as_ptr().add(range.start) };
         // SAFETY: our pinned buffer, waited on before reuse; the caller vouches for `dest`.
         unsafe { self.copy(src, range.len(), dest, off) }?;
-        // SAFETY: a live event and stream of this lane.
-        cuda("event record", unsafe {
-            sys::cuEventRecord(self.events[i], self.stream)
-        })?;
-        self.pending[i] = true;
+        // (Its event is recorded at the next `buffer`, or never if `finish` comes first.)
+        self.pending[i] = Copying::Queued;
         Ok(())
     }
 
@@ -1059,6 +1087,7 @@ unsafe impl Lane for CudaLane {
         dest: CudaDest,
         off: u64,
     ) -> Result<()> {
+        self.record_queued()?;
         // SAFETY: the caller vouches for `src` and `dest` (see the trait).
         unsafe { self.copy(src, len, dest, off) }
     }
@@ -1068,7 +1097,7 @@ unsafe impl Lane for CudaLane {
         cuda("stream synchronize", unsafe {
             sys::cuStreamSynchronize(self.stream)
         })?;
-        self.pending.iter_mut().for_each(|p| *p = false);
+        self.pending.iter_mut().for_each(|p| *p = Copying::Idle);
         Ok(())
     }
 }
