@@ -14,13 +14,13 @@ each, every slot written is compared with the file's bytes at the offset last re
 (the buffer poisoned first).
 """
 import argparse
-import datetime
-import json
 import os
 import random
 import sys
 import threading
 import time
+
+import jsonl_out
 
 IO = 4096
 SLOTS = 4096
@@ -52,18 +52,11 @@ def main():
     bufs = {"cupy": cp.empty(SLOTS * IO, dtype=cp.uint8),
             "torch": torch.empty(SLOTS * IO, dtype=torch.uint8, device="cuda:0")}
     views = {m: [b[i * IO:(i + 1) * IO] for i in range(SLOTS)] for m, b in bufs.items()}
-    out = open(a.out, "a") if a.out else None
-
-    def emit(rec):
-        line = json.dumps(rec)
-        print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
+    emit = jsonl_out.emitter(a.out)
 
     emit({"meta": {"command": "tests/bench/one_request.py " + " ".join(sys.argv[1:]),
                    "commit": os.environ.get("GDIRECT_COMMIT", "unknown"),
-                   "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                   "date": jsonl_out.now(),
                    "gpu": torch.cuda.get_device_name(0),
                    "versions": f"gdirect {gdirect.__version__}, KvikIO {kvikio.__version__}, "
                                f"CuPy {cp.__version__}, torch {torch.__version__}"}})

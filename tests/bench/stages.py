@@ -28,13 +28,13 @@ Usage: python3 tests/bench/stages.py FILE [--threads "4 16 32"] [--block 2M] [--
 Without CUDA (torch with a GPU), only memcpy and copy run, in unpinned memory.
 """
 import argparse
-import datetime
-import json
 import os
 import statistics
 import sys
 import threading
 import time
+
+import jsonl_out
 
 
 def size_arg(s):
@@ -128,17 +128,10 @@ def main():
     # memcpy's source: the file's bytes in (unpinned) memory of the process.
     src = mem.np.fromfile(a.file, dtype=mem.np.uint8, count=size) if "memcpy" in stages else None
     gpu = torch.cuda.get_device_name(0) if torch else "none"
-    out = open(a.out, "a") if a.out else None
-
-    def emit(rec):
-        line = json.dumps(rec)
-        print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
+    emit = jsonl_out.emitter(a.out)
 
     emit({"meta": {"command": "tests/bench/stages.py FILE " + " ".join(sys.argv[2:]),
-                   "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                   "date": jsonl_out.now(),
                    "commit": os.environ.get("GDIRECT_COMMIT", "unknown"),
                    "machine": f"{os.cpu_count()} CPUs", "gpu": gpu, "file_bytes": size,
                    "block": a.block}})
