@@ -7,8 +7,11 @@
                                                and write together (block_set_io_throttle)
   qmp.py trace SOCKET EVENT on|off             a trace event switched on or off while QEMU runs
                                                (trace-event-set-state)
+  qmp.py registers SOCKET                      every virtual CPU's registers (the monitor's
+                                               `info registers -a`), printed as QEMU gives them
+  qmp.py quit SOCKET                           QEMU told to exit (quit)
 
-Prints OK, or FAIL with QEMU's error.
+Prints OK, or FAIL with QEMU's error (registers: the registers, or FAIL).
 """
 import json
 import socket
@@ -41,6 +44,13 @@ def main(argv):
         reply = execute(argv[2], "block_set_io_throttle", {"device": argv[3], "bps": int(argv[4]), **limits})
     elif len(argv) == 5 and argv[1] == "trace" and argv[4] in ("on", "off"):
         reply = execute(argv[2], "trace-event-set-state", {"name": argv[3], "enable": argv[4] == "on"})
+    elif len(argv) == 3 and argv[1] == "registers":
+        reply = execute(argv[2], "human-monitor-command", {"command-line": "info registers -a"})
+        if "return" in reply:
+            print(reply["return"], end="")
+            return
+    elif len(argv) == 3 and argv[1] == "quit":
+        reply = execute(argv[2], "quit")
     else:
         raise SystemExit(__doc__)
     print("OK" if "return" in reply else f"FAIL {reply.get('error', {}).get('desc', reply)}")

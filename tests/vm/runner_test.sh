@@ -9,7 +9,9 @@
 # that ignores a FAIL the host answered, one that makes fewer host-judged checks than it
 # declares (planted/dma-expects); one that leaves the rig changed (the throttled namespace
 # slowed, the first NVMe's slot powered off: LEFTOVER, both named) and one after it that finds
-# the rig restored; the run fails. The host's side of the verdict has its own test (verdict_test.sh).
+# the rig restored; the run fails. Then the host's boot watchdog: a boot held past its limit is
+# recorded and booted once more (the run passes), and a second one fails the run. The host's
+# side of the verdict has its own test (verdict_test.sh).
 # Prints "ok"/"not ok" per check, then "runner_in_guest: N passed, N failed".
 set -uo pipefail
 . "$(dirname "$0")/../../scripts/common.sh"
@@ -58,5 +60,32 @@ check "the test after it finds the rig restored: the NVMe and its namespaces bac
 check "the run fails, and says so" \
 	eval '[ $rc -ne 0 ] && has "^vm: 4 passed, 3 failed, 0 skipped$"'
 [ $fail -eq 0 ] || sed 's/^/# /' "$out" | tail -n 60
+
+# The host's boot watchdog (scripts/vm): a boot that has not begun the tests by its limit is a
+# hang, recorded (each virtual CPU's RIP named from System.map) and booted once more. Planted
+# with a first limit of 1 s, which no boot meets: the second boot (300 s) runs the test.
+boot=$(mktemp "${TMPDIR:-/tmp}/gdirect-runner.XXXXXX")
+trap 'rm -f "$out" "$boot"' EXIT
+GDIRECT_BOOT_LIMIT=1,300 "$GDIRECT_ROOT/scripts/vm" --run "$planted/after.sh" >"$boot" 2>&1
+rc=$?
+bhas() { tr -d '\r' <"$boot" | grep -qE "$1"; }
+check "a boot past its limit: recorded as a hang, each CPU's RIP named from System.map" \
+	eval 'bhas "^vm: the guest hung at boot \(boot 1\): no GDIRECT-VM-BEGIN on the console after 1s" &&
+		bhas "^vm: the guest hung at boot \(boot 1\): sample 1: CPU#0 RIP [0-9a-f]{16} " &&
+		bhas "^vm: the guest hung at boot \(boot 1\): sample 3: CPU#[0-9] RIP [0-9a-f]{16} "'
+check "then booted once more, whose test runs and passes: the run passes" \
+	eval '[ $rc -eq 0 ] && bhas "no test ran: booting the rig once more" &&
+		! bhas "hung at boot \(boot 2\)" && bhas "^ok 1 selftests: gdirect: after.sh$" &&
+		bhas "^vm: 1 passed, 0 failed, 0 skipped$"'
+kept=$(sed -n 's/.*the full console log is kept: //p' "$boot" | tail -n 1)
+check "the hang kept in the run's console log" \
+	grep -qE '^# gdirect-vm-boot-hang boot 1: sample 1: CPU#0 RIP ' "${kept:-/nonexistent}"
+GDIRECT_BOOT_LIMIT=1 "$GDIRECT_ROOT/scripts/vm" --run "$planted/after.sh" >"$boot" 2>&1
+rc=$?
+check "two hangs: no test ran, the run fails, and says why" \
+	eval '[ $rc -ne 0 ] && bhas "hung at boot \(boot 2\): sample 1: CPU#0 RIP " &&
+		bhas "^vm: FAIL: the guest hung at boot twice, before any test ran" &&
+		! bhas "^ok 1 selftests"'
+[ $fail -eq 0 ] || sed 's/^/# boot: /' "$boot" | tail -n 40
 echo "runner_in_guest: $pass passed, $fail failed"
 [ $fail -eq 0 ]
