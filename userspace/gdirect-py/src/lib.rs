@@ -625,6 +625,15 @@ impl File {
         self.sink()?;
         self.one(py, false, cuda, ptr, len, file_offset, keep, None)
     }
+
+    /// Starts writing back `[offset, offset + len)` of a file open for writing (its pages
+    /// written so far) without waiting for it (`Sink::start_writeback`, the GIL released: the
+    /// call may wait for room in the device's queue).
+    fn start_writeback(&self, py: Python<'_>, offset: u64, len: u64) -> PyResult<()> {
+        let sink = self.sink()?.clone();
+        py.allow_threads(move || sink.start_writeback(offset, len))
+            .map_err(py_err)
+    }
 }
 
 impl File {

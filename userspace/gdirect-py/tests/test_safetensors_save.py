@@ -124,6 +124,53 @@ def test_fsync_is_done_and_reported(tmp_path):
     assert r.fsync and safetensors.numpy.load_file(str(p))["a"].sum() == 1000
 
 
+def test_fsync_streams_groups_and_starts_their_writeback(tmp_path, monkeypatch):
+    """With fsync the data goes out in groups of _WRITEBACK_GROUP bytes of the file, tensors
+    split across groups' ends, the groups back to back; the file is still safetensors' own."""
+    t = arrays(4)
+    t["big"] = np.random.default_rng(5).integers(0, 256, 20000, dtype=np.uint8)
+    groups = []
+    real = gst.write_batch
+
+    def recording(requests):
+        groups.append([(r[1], r[4]) for r in requests])
+        return real(requests)
+
+    monkeypatch.setattr(gst, "write_batch", recording)
+    monkeypatch.setattr(gst, "_WRITEBACK_GROUP", 4099)  # odd: every cut inside some tensor
+    ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
+    r = gst.save(t, ours, fsync=True)
+    safetensors.numpy.save_file(t, str(theirs))
+    assert r.fsync and ours.read_bytes() == theirs.read_bytes()
+    data = sum(a.nbytes for a in t.values())
+    assert len(groups) == -(-data // 4099)
+    spans = [(g[0][0], g[-1][0] + g[-1][1]) for g in groups]
+    head = ours.stat().st_size - data
+    assert spans[0][0] == head and spans[-1][1] == head + data
+    assert all(b - a == 4099 for a, b in spans[:-1])
+    assert all(spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1))
+    # Without fsync: one batch of every tensor.
+    groups.clear()
+    gst.save(t, tmp_path / "plain.safetensors")
+    assert len(groups) == 1 and len(groups[0]) == sum(1 for a in t.values() if a.nbytes)
+
+
+def test_start_writeback_needs_a_file_open_for_writing(tmp_path):
+    import errno
+
+    from gdirect import File
+
+    p = tmp_path / "f"
+    with File(p, "w") as f:
+        f.write(b"x" * 10000)
+        assert f._f.start_writeback(0, 10000) is None
+        assert f._f.start_writeback(0, 0) is None  # to the end of the file, as sync_file_range
+    with File(p) as f:
+        with pytest.raises(OSError) as e:
+            f._f.start_writeback(0, 10000)
+        assert e.value.errno == errno.EBADF
+
+
 def test_shards_and_their_index_as_hugging_face_writes_them(tmp_path):
     rng = np.random.default_rng(3)
     t = {f"layer.{i}.w": rng.standard_normal(1000 + 100 * i).astype(np.float32) for i in range(8)}

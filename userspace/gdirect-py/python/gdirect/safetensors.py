@@ -26,9 +26,9 @@ import concurrent.futures
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple, Union
 
-from . import File, _native, _target
+from . import File, _native, _target, write_batch
 
 __all__ = [
     "SafetensorsError", "SaveReport", "TensorInfo", "load", "metadata", "open", "read_header",
@@ -867,8 +867,6 @@ def _header(outs: List[_Out], metadata: Optional[Dict[str, str]]) -> Tuple[bytes
 def _write_file(path: str, outs: List[_Out], metadata: Optional[Dict[str, str]], fsync: bool) -> int:
     """Writes one file under a temporary name beside ``path`` and renames it: a crash or an
     error leaves the old file (or none), never a half one. Returns the bytes of data."""
-    from . import write_batch
-
     head, offsets = _header(outs, metadata)
     d = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
@@ -877,9 +875,10 @@ def _write_file(path: str, outs: List[_Out], metadata: Optional[Dict[str, str]],
             f.write(head)
             requests = [(f, len(head) + off, o.memory, 0, o.nbytes)
                         for o, off in zip(outs, offsets) if o.nbytes]
-            got = write_batch(requests).get()
-            if got != [r[4] for r in requests]:
-                raise OSError(f"{tmp}: short writes {got}")
+            if fsync:
+                _write_streamed(f, tmp, requests)
+            else:
+                _written(tmp, requests, write_batch(requests).get())
         if fsync:
             _fsync(tmp)
         os.replace(tmp, path)
@@ -892,6 +891,56 @@ def _write_file(path: str, outs: List[_Out], metadata: Optional[Dict[str, str]],
     if fsync:
         _fsync(d)  # the rename
     return sum(o.nbytes for o in outs)
+
+
+# With fsync, the data goes out in groups of this many bytes of the file, two groups in flight,
+# and each group's pages are handed to the device as soon as they are written (writeback
+# started, not waited for): the fsync after the last group waits for the tail, not the whole
+# file. (Without it nothing is written back before the fsync while the dirty pages fit under the
+# kernel's background threshold, a tenth of memory: the file is written, then flushed.)
+_WRITEBACK_GROUP = 64 << 20
+
+
+def _groups(requests: list, size: int) -> Iterator[list]:
+    """The write requests (back to back in file order) cut into groups of ``size`` bytes of
+    the file, a request that crosses a group's end split there."""
+    group: list = []
+    filled = 0
+    for f, off, mem, moff, n in requests:
+        while n:
+            take = min(n, size - filled)
+            group.append((f, off, mem, moff, take))
+            off, moff, n, filled = off + take, moff + take, n - take, filled + take
+            if filled == size:
+                yield group
+                group, filled = [], 0
+    if group:
+        yield group
+
+
+def _written(tmp: str, requests: list, got: list) -> None:
+    if got != [r[4] for r in requests]:
+        raise OSError(f"{tmp}: short writes {got}")
+
+
+def _write_streamed(f: File, tmp: str, requests: list) -> None:
+    """Writes ``requests`` group by group (``_WRITEBACK_GROUP``), the next group started before
+    the last one is waited for, and starts each finished group's writeback."""
+    def finish(fut: Any, group: list) -> None:
+        _written(tmp, group, fut.get())
+        start, end = group[0][1], group[-1][1] + group[-1][4]
+        try:
+            f._f.start_writeback(start, end - start)
+        except OSError:
+            pass  # a hint to the kernel; the fsync that follows is what syncs, and reports
+    last = None
+    for group in _groups(requests, _WRITEBACK_GROUP):
+        fut = write_batch(group)
+        if last is not None:
+            finish(*last)
+        last = (fut, group)
+    if last is not None:
+        finish(*last)
 
 
 def _fsync(path: str) -> None:
@@ -935,7 +984,8 @@ def save(
 ) -> SaveReport:
     """Writes ``tensors`` (a dict of names to PyTorch tensors, on any GPU or the CPU, or NumPy
     or CuPy arrays) to the safetensors file ``path``, each tensor's bytes written straight from
-    its memory by the engine (never through a Python ``bytes``), all of them in one batch.
+    its memory by the engine (never through a Python ``bytes``), all of them in one batch
+    (with ``fsync``, a batch per 64 MiB).
 
     The file is the one ``safetensors.torch.save_file`` (or ``safetensors.numpy.save_file``)
     writes: the same header (tensors ordered by dtype, then name; ``metadata``, a dict of
@@ -946,7 +996,9 @@ def save(
 
     The file is written under a temporary name beside ``path`` and renamed over it at the end:
     an error or a crash leaves the old file, or none, never half of one. ``fsync=True`` syncs
-    each file (and its directory) to the device before returning.
+    each file (and its directory) to the device before returning; its data is then written in
+    64 MiB groups, each group's writeback started as soon as it is written, so that the device
+    writes while the rest is written and the ``fsync`` waits only for the tail.
 
     ``max_shard_size`` (bytes, or ``"5GB"``, ``"500MiB"``) cuts the tensors, in the dict's
     order, into shards of at most that many bytes of data (a larger tensor gets a shard of its

@@ -1183,6 +1183,48 @@ fn a_write_the_device_cannot_take_fails_with_the_file_and_offset() {
     ));
 }
 
+/// `start_writeback` hands a written range to the device (sync_file_range): fine on a regular
+/// file, refused with the kernel's errno where the file has no pages to write back (a
+/// character device: `ESPIPE`), and with `EFBIG` past the largest file offset.
+#[test]
+fn start_writeback_takes_a_written_range_and_refuses_what_the_kernel_refuses() {
+    let dir = std::env::temp_dir().join(format!("gdirect-writeback-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("out.bin");
+    let e = engine(2, 64 << 10, PageCache::Auto);
+    let sink = Sink::open(&path, true, true).expect("create");
+    let data = TempFile::new("wb", (3 << 20) + 77, 9).data.clone();
+    // SAFETY: `data` is readable for the call.
+    unsafe { e.write_host_ptr(&sink, data.as_ptr(), data.len() as u64, 0) }.expect("write");
+    sink.start_writeback(0, data.len() as u64)
+        .expect("writeback of what was written");
+    sink.start_writeback(1 << 20, 0)
+        .expect("to the end of the file");
+    assert_eq!(std::fs::read(&path).expect("read back"), data);
+    let err = sink
+        .start_writeback(i64::MAX as u64 + 1, 4096)
+        .expect_err("past the largest offset");
+    assert!(
+        matches!(
+            err,
+            Error::FileWrite {
+                errno: Errno::EFBIG,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let full = Sink::open("/dev/full", false, false).expect("/dev/full");
+    match full.start_writeback(0, 4096) {
+        Err(Error::FileWrite { errno, path, .. }) => {
+            assert_eq!(errno, Errno::ESPIPE);
+            assert_eq!(path, Path::new("/dev/full"));
+        }
+        other => panic!("expected ESPIPE, got {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A descriptor opened later by the source's path names another file once one was renamed
 /// over it (a saver's atomic replace): `same_file` tells them apart, so a second descriptor is
 /// never used for a file the caller did not open.

@@ -111,6 +111,31 @@ impl Sink {
         Ok(false)
     }
 
+    /// Starts writing back the file's dirty pages in `[offset, offset + len)` and returns
+    /// without waiting for them (`sync_file_range(SYNC_FILE_RANGE_WRITE)`). Called on the part
+    /// of a long write already done, it lets the device write those bytes while the rest are
+    /// written, so that the `fsync` after the last byte finds most of them on their way (a
+    /// writer of a checkpoint with `fsync`, `gdirect.safetensors.save`). It makes nothing
+    /// durable: it waits for no page and writes no metadata; only `fsync` does.
+    pub fn start_writeback(&self, offset: u64, len: u64) -> Result<()> {
+        let (Ok(at), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Err(self.failed(offset, Errno::EFBIG));
+        };
+        // SAFETY: a system call on our open descriptor that reads only its arguments.
+        let rc = unsafe {
+            libc::sync_file_range(
+                self.buffered.as_raw_fd(),
+                at,
+                n,
+                libc::SYNC_FILE_RANGE_WRITE,
+            )
+        };
+        if rc != 0 {
+            return Err(self.failed(offset, Errno::last()));
+        }
+        Ok(())
+    }
+
     fn failed(&self, offset: u64, errno: Errno) -> Error {
         Error::FileWrite {
             path: self.path.clone(),
