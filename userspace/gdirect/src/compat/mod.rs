@@ -181,14 +181,18 @@ pub unsafe trait Lane {
 /// How the engine treats data in the page cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PageCache {
-    /// Cached pieces by the backend's preferred page-cache path, the rest by direct I/O.
+    /// Cached pieces by the backend's preferred page-cache path, the rest by direct I/O;
+    /// writes direct where aligned.
     #[default]
     Auto,
-    /// Everything by `O_DIRECT` (buffered reads only where the file system refuses it).
+    /// Everything by `O_DIRECT` (buffered reads only where the file system refuses it); writes
+    /// direct where aligned.
     Direct,
-    /// Everything through the page cache, by buffered reads into staging buffers.
+    /// Everything through the page cache, by buffered reads into staging buffers; writes
+    /// buffered.
     Buffered,
-    /// Everything through the page cache, the device copying from a registered mapping.
+    /// Everything through the page cache, the device copying from a registered mapping;
+    /// writes buffered.
     Mapped,
 }
 

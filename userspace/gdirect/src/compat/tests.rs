@@ -1068,6 +1068,44 @@ fn host_writes_land_exactly_and_touch_nothing_else() {
     }
 }
 
+/// The page-cache policy holds for writes: `buffered` and `mapped` write every piece through
+/// the page cache, aligned or not; `auto` and `direct` write aligned pieces with `O_DIRECT`
+/// where the file takes it. The bytes are the same either way.
+#[test]
+fn writes_follow_the_page_cache_policy() {
+    let out = TempFile::new("policy", 8 << 20, 31);
+    let data = TempFile::new("src", 4 << 20, 32).data.clone();
+    let mut room = vec![0u8; data.len() + 4096];
+    let at = room.as_ptr().align_offset(4096);
+    room[at..at + data.len()].copy_from_slice(&data);
+    let src = &room[at..at + data.len()];
+    for mode in [
+        PageCache::Auto,
+        PageCache::Direct,
+        PageCache::Buffered,
+        PageCache::Mapped,
+    ] {
+        let e = engine(2, 256 << 10, mode);
+        let sink = Sink::open(&out.path, false, false).expect("open for writing");
+        // SAFETY: `src` is readable for the call.
+        let r = unsafe { e.write_host_ptr(&sink, src.as_ptr(), src.len() as u64, 1 << 20) }
+            .expect("write");
+        assert_eq!(r.direct_bytes + r.buffered_bytes, src.len() as u64);
+        let buffered_only = matches!(mode, PageCache::Buffered | PageCache::Mapped);
+        if buffered_only {
+            assert_eq!(r.direct_bytes, 0, "{mode:?}: nothing direct");
+        } else if sink.takes_direct() {
+            assert_eq!(
+                r.direct_bytes,
+                src.len() as u64,
+                "{mode:?}: aligned, all direct"
+            );
+        }
+        let got = std::fs::read(&out.path).expect("read back");
+        assert!(got[1 << 20..(1 << 20) + src.len()] == *src, "{mode:?}");
+    }
+}
+
 /// A write is cut at multiples of the write piece (16 MiB by default) where that is larger
 /// than the task size, and of the task size where it is not: its report counts the pieces.
 #[test]

@@ -3,11 +3,12 @@
 //!
 //! The range is cut at multiples of the task size in the file, and the engine's threads take
 //! the pieces in turn. Host memory goes to the file by `pwrite` from where it is; device memory
-//! is first copied into a pinned host buffer of the worker's (`cuMemcpyDtoH`). A piece whose
-//! file offset, length and memory address meet the file's direct-I/O alignment is written with
-//! `O_DIRECT` (where the file takes it), any other through the page cache; a direct write the
-//! file refuses with `EINVAL` is redone buffered, and later ones are buffered. Nothing is
-//! synced: as with `pwrite`, durability is the caller's `fsync`.
+//! is first copied into a pinned host buffer of the worker's (`cuMemcpyDtoH`). With the page
+//! cache policy `auto` or `direct`, a piece whose file offset, length and memory address meet
+//! the file's direct-I/O alignment is written with `O_DIRECT` (where the file takes it), any
+//! other through the page cache; with `buffered` or `mapped`, every piece goes through the page
+//! cache. A direct write the file refuses with `EINVAL` is redone buffered, and later ones are
+//! buffered. Nothing is synced: as with `pwrite`, durability is the caller's `fsync`.
 
 use std::{
     fs::OpenOptions,
@@ -26,7 +27,9 @@ use nix::libc;
 
 #[cfg(feature = "cuda")]
 use super::CudaBackend;
-use super::{lock, source::direct_twin, Backend, CompatEngine, HostBackend, Report, DIRECT_ALIGN};
+use super::{
+    lock, source::direct_twin, Backend, CompatEngine, HostBackend, PageCache, Report, DIRECT_ALIGN,
+};
 use crate::error::{Errno, Error, Result};
 
 /// A file open for writing through the compat engine.
@@ -83,16 +86,23 @@ impl Sink {
         self.direct.is_some() && !self.direct_failed.load(Ordering::Relaxed)
     }
 
-    /// Writes `len` bytes at `src` to the file at `offset`, directly when everything is
-    /// aligned; returns whether it went direct.
+    /// Writes `len` bytes at `src` to the file at `offset`, directly when `may_direct` and
+    /// everything is aligned; returns whether it went direct.
     ///
     /// # Safety
     ///
     /// `src` is valid for reading `len` bytes for the call.
-    unsafe fn put(&self, src: *const u8, len: usize, offset: u64) -> Result<bool> {
+    unsafe fn put(
+        &self,
+        src: *const u8,
+        len: usize,
+        offset: u64,
+        may_direct: bool,
+    ) -> Result<bool> {
         let align = self.direct_align;
         let direct = self.direct.as_ref().filter(|_| {
-            !self.direct_failed.load(Ordering::Relaxed)
+            may_direct
+                && !self.direct_failed.load(Ordering::Relaxed)
                 && offset % align == 0
                 && len as u64 % align == 0
                 && src as usize as u64 % DIRECT_ALIGN == 0
@@ -235,6 +245,11 @@ impl<B: Backend> CompatEngine<B> {
             (a, b)
         };
         let threads = (self.settings.threads as u64).min(pieces).max(1) as usize;
+        // `buffered` and `mapped` keep everything in the page cache, writes as reads.
+        let may_direct = matches!(
+            self.settings.page_cache,
+            PageCache::Auto | PageCache::Direct
+        );
         let next = AtomicU64::new(0);
         let stop = AtomicBool::new(false);
         let first_err: Mutex<Option<Error>> = Mutex::new(None);
@@ -253,7 +268,7 @@ impl<B: Backend> CompatEngine<B> {
                     let n = (b - a) as usize;
                     let src = piece(&mut st, a - offset, n)?;
                     // SAFETY: `piece` vouches for `n` readable bytes at `src`.
-                    let direct = unsafe { dst.put(src, n, a) }?;
+                    let direct = unsafe { dst.put(src, n, a, may_direct) }?;
                     *if direct {
                         &mut mine.direct
                     } else {
