@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: GPL-2.0
-"""QEMU monitor (QMP) commands the rig's host side makes for a test's request.
+"""QEMU monitor (QMP) commands the rig's host side makes: for a test's request, and for the boot
+watchdog of scripts/vm (registers, quit).
 
   qmp.py device-del SOCKET ID                  device_del of the device named ID
   qmp.py throttle SOCKET DRIVE BPS             the drive's I/O limit: BPS bytes a second, read
@@ -57,4 +58,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    try:
+        main(sys.argv)
+    except (OSError, ValueError) as e:  # no socket, no answer, or not QMP's
+        print(f"FAIL {e}")
+        sys.exit(1)
