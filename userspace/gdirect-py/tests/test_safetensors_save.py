@@ -125,8 +125,9 @@ def test_fsync_is_done_and_reported(tmp_path):
 
 
 def test_fsync_streams_groups_and_starts_their_writeback(tmp_path, monkeypatch):
-    """With fsync the data goes out in groups of _WRITEBACK_GROUP bytes of the file, tensors
-    split across groups' ends, the groups back to back; the file is still safetensors' own."""
+    """With fsync the data goes out in groups cut at the file offsets that are multiples of
+    _WRITEBACK_GROUP, tensors split there, the groups back to back; the file is still
+    safetensors' own."""
     t = arrays(4)
     t["big"] = np.random.default_rng(5).integers(0, 256, 20000, dtype=np.uint8)
     groups = []
@@ -143,16 +144,50 @@ def test_fsync_streams_groups_and_starts_their_writeback(tmp_path, monkeypatch):
     safetensors.numpy.save_file(t, str(theirs))
     assert r.fsync and ours.read_bytes() == theirs.read_bytes()
     data = sum(a.nbytes for a in t.values())
-    assert len(groups) == -(-data // 4099)
-    spans = [(g[0][0], g[-1][0] + g[-1][1]) for g in groups]
     head = ours.stat().st_size - data
+    spans = [(g[0][0], g[-1][0] + g[-1][1]) for g in groups]
     assert spans[0][0] == head and spans[-1][1] == head + data
-    assert all(b - a == 4099 for a, b in spans[:-1])
+    assert all(b % 4099 == 0 for _, b in spans[:-1]), spans
+    assert all(0 < b - a <= 4099 for a, b in spans)
     assert all(spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1))
+    assert len(groups) == (head + data - 1) // 4099 - head // 4099 + 1
+    # Inside each group, the requests are back to back too.
+    for g in groups:
+        assert all(g[i][0] + g[i][1] == g[i + 1][0] for i in range(len(g) - 1))
     # Without fsync: one batch of every tensor.
     groups.clear()
     gst.save(t, tmp_path / "plain.safetensors")
     assert len(groups) == 1 and len(groups[0]) == sum(1 for a in t.values() if a.nbytes)
+
+
+def test_a_failed_group_waits_for_the_one_in_flight_and_leaves_no_file(tmp_path, monkeypatch):
+    """A group that fails: the error is raised after the next group (already started) has
+    ended, and the save leaves neither the file nor its temporary."""
+    t = {"a": np.arange(30000, dtype=np.uint8), "b": np.arange(30000, dtype=np.int32)}
+    started, waited = [], []
+    real = gst.write_batch
+
+    class Failing:
+        def __init__(self, fut, n):
+            self.fut, self.n = fut, n
+
+        def get(self):
+            got = self.fut.get()
+            waited.append(self.n)
+            if self.n == 1:
+                raise OSError(5, "planted")
+            return got
+
+    def batch(requests):
+        started.append(len(started))
+        return Failing(real(requests), started[-1])
+
+    monkeypatch.setattr(gst, "write_batch", batch)
+    monkeypatch.setattr(gst, "_WRITEBACK_GROUP", 8192)
+    with pytest.raises(OSError, match="planted"):
+        gst.save(t, tmp_path / "x.safetensors", fsync=True)
+    assert started == [0, 1, 2] and waited == [0, 1, 2]
+    assert os.listdir(tmp_path) == []
 
 
 def test_start_writeback_needs_a_file_open_for_writing(tmp_path):

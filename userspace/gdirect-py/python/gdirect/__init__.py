@@ -598,7 +598,8 @@ def configure(
     (``GDIRECT_THREADS``, ``GDIRECT_TASK_SIZE``, ``GDIRECT_PAGE_CACHE``,
     ``GDIRECT_STAGING_SIZE``, ``GDIRECT_KEEP_MAPPED``): worker threads, bytes per I/O (a
     multiple of 4 KiB), the page-cache policy (``auto``, ``direct``, ``buffered``, ``mapped``;
-    writes go ``O_DIRECT`` where aligned with the first two, through the page cache with the others),
+    the engine's writes go ``O_DIRECT`` where aligned with the first two, through the page cache
+    with the others; what the kernel module moves is direct whatever the policy),
     pinned staging bytes per worker (default: twice the task size given here, else the
     environment's), bytes of page-cache registrations kept between reads (``mapped``), and the
     largest piece a worker claims at once. ``None`` keeps the environment's value or the

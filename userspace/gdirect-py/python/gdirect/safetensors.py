@@ -893,7 +893,8 @@ def _write_file(path: str, outs: List[_Out], metadata: Optional[Dict[str, str]],
     return sum(o.nbytes for o in outs)
 
 
-# With fsync, the data goes out in groups of this many bytes of the file, two groups in flight,
+# With fsync, the data goes out in groups cut at multiples of this many bytes of the file (so a
+# cut falls where the engine's pieces do, and aligned pieces stay aligned), two groups in flight,
 # and each group's pages are handed to the device as soon as they are written (writeback
 # started, not waited for): the fsync after the last group waits for the tail, not the whole
 # file. (Without it nothing is written back before the fsync while the dirty pages fit under the
@@ -902,18 +903,18 @@ _WRITEBACK_GROUP = 64 << 20
 
 
 def _groups(requests: list, size: int) -> Iterator[list]:
-    """The write requests (back to back in file order) cut into groups of ``size`` bytes of
-    the file, a request that crosses a group's end split there."""
+    """The write requests (in file order) cut into groups at the file offsets that are
+    multiples of ``size``, a request that crosses one split there."""
     group: list = []
-    filled = 0
     for f, off, mem, moff, n in requests:
         while n:
-            take = min(n, size - filled)
+            end = (off // size + 1) * size
+            take = min(n, end - off)
             group.append((f, off, mem, moff, take))
-            off, moff, n, filled = off + take, moff + take, n - take, filled + take
-            if filled == size:
+            off, moff, n = off + take, moff + take, n - take
+            if off == end:
                 yield group
-                group, filled = [], 0
+                group = []
     if group:
         yield group
 
@@ -924,8 +925,9 @@ def _written(tmp: str, requests: list, got: list) -> None:
 
 
 def _write_streamed(f: File, tmp: str, requests: list) -> None:
-    """Writes ``requests`` group by group (``_WRITEBACK_GROUP``), the next group started before
-    the last one is waited for, and starts each finished group's writeback."""
+    """Writes ``requests`` group by group (``_groups``), the next group started before the last
+    one is waited for, and starts each finished group's writeback. After an error, the group
+    still in flight is waited for before the error goes on (its bytes are in no file then)."""
     def finish(fut: Any, group: list) -> None:
         _written(tmp, group, fut.get())
         start, end = group[0][1], group[-1][1] + group[-1][4]
@@ -933,14 +935,20 @@ def _write_streamed(f: File, tmp: str, requests: list) -> None:
             f._f.start_writeback(start, end - start)
         except OSError:
             pass  # a hint to the kernel; the fsync that follows is what syncs, and reports
-    last = None
-    for group in _groups(requests, _WRITEBACK_GROUP):
-        fut = write_batch(group)
-        if last is not None:
-            finish(*last)
-        last = (fut, group)
-    if last is not None:
-        finish(*last)
+    pending: list = []
+    try:
+        for group in _groups(requests, _WRITEBACK_GROUP):
+            pending.append((write_batch(group), group))
+            if len(pending) == 2:
+                finish(*pending.pop(0))
+        while pending:
+            finish(*pending.pop(0))
+    finally:
+        for fut, _ in pending:
+            try:
+                fut.get()
+            except Exception:  # noqa: BLE001 (the first error is the one raised)
+                pass
 
 
 def _fsync(path: str) -> None:
