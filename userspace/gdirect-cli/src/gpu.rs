@@ -30,9 +30,9 @@ pub(crate) struct EngineArgs {
     /// Pinned staging bytes per thread [env: GDIRECT_STAGING_SIZE; default: 4M].
     #[arg(long, value_parser = crate::parse_size)]
     pub(crate) staging_size: Option<u64>,
-    /// Cached data: auto (by mincore, piece by piece), direct, buffered or mapped; writes go
-    /// direct where aligned with auto and direct, through the page cache with buffered and
-    /// mapped [env: GDIRECT_PAGE_CACHE; default: auto].
+    /// Cached data: auto (by mincore, piece by piece), direct, buffered or mapped; the compat
+    /// engine's writes go direct where aligned with auto and direct, through the page cache
+    /// with buffered and mapped [env: GDIRECT_PAGE_CACHE; default: auto].
     #[arg(long, value_enum)]
     pub(crate) page_cache: Option<PageCacheArg>,
     /// Registered page-cache bytes kept between reads [env: GDIRECT_KEEP_MAPPED; default: 0].

@@ -1223,9 +1223,9 @@ fn a_write_the_device_cannot_take_fails_with_the_file_and_offset() {
 
 /// `start_writeback` hands a written range to the device (sync_file_range): fine on a regular
 /// file, refused with the kernel's errno where the file has no pages to write back (a
-/// character device: `ESPIPE`), and with `EFBIG` past the largest file offset.
+/// character device: `ESPIPE`), and before the call with `EFBIG` past the largest file offset.
 #[test]
-fn start_writeback_takes_a_written_range_and_refuses_what_the_kernel_refuses() {
+fn start_writeback_takes_a_written_range_and_refuses_what_it_cannot_take() {
     let dir = std::env::temp_dir().join(format!("gdirect-writeback-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let path = dir.join("out.bin");

@@ -80,8 +80,9 @@ impl Sink {
         &self.path
     }
 
-    /// Whether aligned writes go to the file with `O_DIRECT` (the file takes direct I/O, and has
-    /// not refused it).
+    /// Whether aligned writes can go to the file with `O_DIRECT` (the file takes direct I/O, and
+    /// has not refused it); an engine whose page-cache policy is `buffered` or `mapped` writes
+    /// through the page cache all the same.
     pub fn takes_direct(&self) -> bool {
         self.direct.is_some() && !self.direct_failed.load(Ordering::Relaxed)
     }
@@ -125,8 +126,9 @@ impl Sink {
     /// without waiting for them (`sync_file_range(SYNC_FILE_RANGE_WRITE)`). Called on the part
     /// of a long write already done, it lets the device write those bytes while the rest are
     /// written, so that the `fsync` after the last byte finds most of them on their way (a
-    /// writer of a checkpoint with `fsync`, `gdirect.safetensors.save`). It makes nothing
-    /// durable: it waits for no page and writes no metadata; only `fsync` does.
+    /// writer of a checkpoint with `fsync`, `gdirect.safetensors.save`). `len` 0 is to the end
+    /// of the file, as `sync_file_range` takes it. It makes nothing durable: it waits for no
+    /// page and writes no metadata; only `fsync` does.
     pub fn start_writeback(&self, offset: u64, len: u64) -> Result<()> {
         let (Ok(at), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
             return Err(self.failed(offset, Errno::EFBIG));
