@@ -1141,6 +1141,14 @@ fn writes_are_cut_at_the_write_piece_or_the_task_size() {
     }
 }
 
+/// `err` is a write's failure with `errno`.
+fn assert_write_errno(err: &Error, want: Errno) {
+    assert!(
+        matches!(err, Error::FileWrite { errno, .. } if *errno == want),
+        "expected a write failing with {want:?}, got {err}"
+    );
+}
+
 #[test]
 fn a_write_past_the_end_extends_the_file_and_a_new_file_is_made() {
     let dir = std::env::temp_dir().join(format!("gdirect-write-{}", std::process::id()));
@@ -1172,16 +1180,7 @@ fn a_write_past_the_end_extends_the_file_and_a_new_file_is_made() {
     // SAFETY: no byte is read (refused first).
     let err = unsafe { e.write_host_ptr(&sink, data.as_ptr(), 4096, i64::MAX as u64 - 100) }
         .expect_err("past the largest offset");
-    assert!(
-        matches!(
-            err,
-            Error::FileWrite {
-                errno: Errno::EFBIG,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_write_errno(&err, Errno::EFBIG);
     assert_eq!(
         std::fs::metadata(&path).expect("stat").len(),
         8192 + data.len() as u64
@@ -1242,16 +1241,7 @@ fn start_writeback_takes_a_written_range_and_refuses_what_it_cannot_take() {
     let err = sink
         .start_writeback(i64::MAX as u64 + 1, 4096)
         .expect_err("past the largest offset");
-    assert!(
-        matches!(
-            err,
-            Error::FileWrite {
-                errno: Errno::EFBIG,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert_write_errno(&err, Errno::EFBIG);
     let full = Sink::open("/dev/full", false, false).expect("/dev/full");
     match full.start_writeback(0, 4096) {
         Err(Error::FileWrite { errno, path, .. }) => {
