@@ -190,6 +190,67 @@ def test_a_failed_group_waits_for_the_one_in_flight_and_leaves_no_file(tmp_path,
     assert os.listdir(tmp_path) == []
 
 
+def _cachestat(path):
+    """The kernel's count of ``path``'s pages in the page cache, dirty and under writeback
+    (cachestat(2), Linux 6.5), or None where the kernel has no cachestat or the file lives in
+    memory (tmpfs)."""
+    import ctypes
+
+    class Range(ctypes.Structure):
+        _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+    class Stat(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_uint64) for n in
+                    ("cache", "dirty", "writeback", "evicted", "recently_evicted")]
+
+    # On tmpfs and ramfs pages stay in memory: nothing is written back, whatever was asked.
+    mounts = [line.split(" - ")[1].split()[0:1] + line.split()[4:5]
+              for line in open("/proc/self/mountinfo")]
+    real = os.path.realpath(path)
+    fs = max(((mp, t) for t, mp in mounts if real == mp or real.startswith(mp.rstrip("/") + "/")),
+             key=lambda m: len(m[0]), default=("", ""))[1]
+    if fs in ("tmpfs", "ramfs"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        st = Stat()
+        if libc.syscall(451, fd, ctypes.byref(Range(0, 0)), ctypes.byref(st), 0) != 0:
+            return None
+        return {"cache": st.cache, "dirty": st.dirty, "writeback": st.writeback}
+    finally:
+        os.close(fd)
+
+
+def test_streamed_save_leaves_only_the_last_group_dirty_for_its_fsync(tmp_path, monkeypatch):
+    """Evidence from the kernel (cachestat), not from gdirect: when save(fsync=True) comes to
+    its fsync, every group but the last has been handed to the device (dirty no more), where a
+    save that wrote everything first would find the whole file dirty."""
+    group = 1 << 20
+    monkeypatch.setattr(gst, "_WRITEBACK_GROUP", group)
+    seen = []
+    real = gst._fsync
+
+    def recording(path):
+        if os.path.isfile(path):
+            seen.append(_cachestat(path))
+        real(path)
+
+    monkeypatch.setattr(gst, "_fsync", recording)
+    # Host memory at an address no direct write takes: every byte through the page cache.
+    raw = np.random.default_rng(7).integers(0, 256, (12 << 20) + 1, dtype=np.uint8)
+    t = {"w": raw[1:]}
+    p = tmp_path / "streamed.safetensors"
+    gst.save(t, p, fsync=True)
+    assert safetensors.numpy.load_file(str(p))["w"].tobytes() == raw[1:].tobytes()
+    if seen[0] is None:
+        pytest.skip("no cachestat(2) (Linux 6.5), or a file system in memory: no page states")
+    pages = os.stat(p).st_size // 4096
+    # At most the last group and the header's page are left dirty (12 groups written).
+    assert seen[0]["dirty"] <= group // 4096 + 2, (seen[0], pages)
+    assert seen[0]["cache"] >= pages // 2, seen[0]
+
+
 def test_start_writeback_needs_a_file_open_for_writing(tmp_path):
     import errno
 
@@ -198,8 +259,12 @@ def test_start_writeback_needs_a_file_open_for_writing(tmp_path):
     p = tmp_path / "f"
     with File(p, "w") as f:
         f.write(b"x" * 10000)
+        before = _cachestat(p)
         assert f._f.start_writeback(0, 10000) is None
+        after = _cachestat(p)
         assert f._f.start_writeback(0, 0) is None  # to the end of the file, as sync_file_range
+    if before is not None:  # the kernel's own count: dirty pages handed to the device
+        assert before["dirty"] == 3 and after["dirty"] == 0, (before, after)
     with File(p) as f:
         with pytest.raises(OSError) as e:
             f._f.start_writeback(0, 10000)
