@@ -72,7 +72,7 @@ rc=$?
 bhas() { tr -d '\r' <"$boot" | grep -qE "$1"; }
 check "a boot past its limit: recorded as a hang, each CPU's instruction pointer placed" \
 	eval 'bhas "^vm: the guest hung at boot \(boot 1\): no GDIRECT-VM-BEGIN on the console after 1s" &&
-		bhas "^vm: the guest hung at boot \(boot 1\): sample 1: CPU#0 [RE]IP [0-9a-f]+ CPL=[0-3] HLT=[01] [^ ]" &&
+		bhas "^vm: the guest hung at boot \(boot 1\): sample [123]: CPU#0 [RE]IP [0-9a-f]+ CPL=[0-3] HLT=[01] [^ ]" &&
 		bhas "^vm: the guest hung at boot \(boot 1\): sample 3: CPU#1 [RE]IP [0-9a-f]+ CPL=[0-3] HLT=[01] [^ ]"'
 check "then booted once more, whose test runs and passes: the run passes" \
 	eval '[ $rc -eq 0 ] && bhas "no test ran: booting the rig once more" &&
@@ -80,12 +80,12 @@ check "then booted once more, whose test runs and passes: the run passes" \
 		bhas "^vm: 1 passed, 0 failed, 0 skipped$"'
 kept=$(sed -n 's/.*the full console log is kept: //p' "$boot" | tail -n 1)
 check "the hang and that boot's console kept in the run's console log" \
-	eval 'grep -qE "^# gdirect-vm-boot-hang boot 1: sample 1: CPU#0 [RE]IP " "${kept:-/nonexistent}" &&
+	eval 'grep -qE "^# gdirect-vm-boot-hang boot 1: sample [123]: CPU#0 [RE]IP " "${kept:-/nonexistent}" &&
 		grep -qE "^# gdirect-vm-hung-boot-1: " "${kept:-/nonexistent}"'
 GDIRECT_BOOT_LIMIT=1 "$GDIRECT_ROOT/scripts/vm" --run "$planted/after.sh" >"$boot" 2>&1
 rc=$?
 check "two hangs: no test ran, the run fails, and says why" \
-	eval '[ $rc -ne 0 ] && bhas "hung at boot \(boot 2\): sample 1: CPU#0 [RE]IP " &&
+	eval '[ $rc -ne 0 ] && bhas "hung at boot \(boot 2\): sample [123]: CPU#0 [RE]IP " &&
 		bhas "^vm: FAIL: the guest hung at boot twice, before any test ran" &&
 		! bhas "^ok 1 selftests"'
 [ $fail -eq "$before" ] || sed 's/^/# boot: /' "$boot" | tail -n 40
