@@ -893,12 +893,13 @@ def _write_file(path: str, outs: List[_Out], metadata: Optional[Dict[str, str]],
     return sum(o.nbytes for o in outs)
 
 
-# With fsync, the data goes out in groups cut at multiples of this many bytes of the file (so a
-# cut falls where the engine's pieces do, and aligned pieces stay aligned), two groups in flight,
+# With fsync, the data goes out in groups cut at multiples of this many bytes of the file (so
+# aligned pieces stay aligned), two groups in flight,
 # and each group's pages are handed to the device as soon as they are written (writeback
 # started, not waited for): the fsync after the last group waits for the tail, not the whole
 # file. (Without it nothing is written back before the fsync while the dirty pages fit under the
-# kernel's background threshold, a tenth of memory: the file is written, then flushed.)
+# kernel's background threshold, a tenth of memory: the file is written, then flushed. On
+# overlayfs the hint reaches no page, and the fsync flushes the whole file.)
 _WRITEBACK_GROUP = 64 << 20
 
 
@@ -1006,7 +1007,8 @@ def save(
     an error or a crash leaves the old file, or none, never half of one. ``fsync=True`` syncs
     each file (and its directory) to the device before returning; its data is then written in
     64 MiB groups, each group's writeback started as soon as it is written, so that the device
-    writes while the rest is written and the ``fsync`` waits only for the tail.
+    writes while the rest is written and the ``fsync`` waits only for the tail (not on
+    overlayfs, whose files pass no such hint down: there the ``fsync`` flushes it all).
 
     ``max_shard_size`` (bytes, or ``"5GB"``, ``"500MiB"``) cuts the tensors, in the dict's
     order, into shards of at most that many bytes of data (a larger tensor gets a shard of its
