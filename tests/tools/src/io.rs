@@ -76,7 +76,10 @@
 //!   readmem KIND DEV OFFSET LEN   one synchronous read of LEN bytes of DEV at OFFSET into memory
 //!                                 of KIND (host, egpu, p2pmem:BDF), poisoned first; prints the
 //!                                 transfer and the sha256 of the bytes in memory (for a host
-//!                                 check of memory the host cannot see)
+//!                                 check of memory the host cannot see); for host memory,
+//!                                 first `pages=`, `dirty_before=` and `dirty_after=`: its
+//!                                 pages that the kernel holds dirty before the registration
+//!                                 and after it ends (/proc/kpageflags)
 //!   batchwrite DEV OFFSET COUNT SEED
 //!                                 COUNT 1 MiB writes from emulated GPU memory filled with the
 //!                                 pattern of SEED to DEV at OFFSET, in one batch (every fourth
@@ -439,9 +442,19 @@ fn readmem(kind: &str, dev: &str, offset: u64, len: u64) -> gdirect::Result<()> 
         None if kind == "host" => {
             let mut mem = gdirect::HostBuffer::new(n)?;
             mem.write(0, &poison);
+            // The CPU's writes dirty the page-table entries, not the pages: only an unpin
+            // that marks them dirty tells the kernel that a device wrote them, and a page left
+            // clean (a file's, shmem's, one freed with MADV_FREE) may be dropped by reclaim
+            // with the device's bytes.
+            let before = dirty_pages(&mem)?;
             let reg = driver.register(&mem)?;
             print_transfer(&file.read_into(&reg, 0, offset, len)?);
             drop(reg);
+            let after = dirty_pages(&mem)?;
+            println!(
+                "pages={} dirty_before={before} dirty_after={after}",
+                n.div_ceil(4096)
+            );
             mem.read(0, &mut got);
         }
         None if kind == "egpu" => {
@@ -473,6 +486,44 @@ fn readmem(kind: &str, dev: &str, offset: u64, len: u64) -> gdirect::Result<()> 
     }
     println!("sha256={}", sha256_hex(&got));
     Ok(())
+}
+
+/// How many of `mem`'s pages the kernel holds dirty (PG_dirty): each page's frame from
+/// `/proc/self/pagemap`, its flags from `/proc/kpageflags` (both need CAP_SYS_ADMIN).
+fn dirty_pages(mem: &gdirect::HostBuffer) -> gdirect::Result<usize> {
+    use gdirect::DeviceMemory;
+    use std::os::unix::fs::FileExt;
+    const PAGE: u64 = 4096;
+    const PRESENT: u64 = 1 << 63;
+    const PFN: u64 = (1 << 55) - 1;
+    const KPF_DIRTY: u64 = 1 << 4;
+    let fail = |what: &str, errno: Errno| Error::Allocation {
+        what: what.into(),
+        errno,
+    };
+    let open = |path: &str| {
+        StdFile::open(path).map_err(|e| fail(path, Errno::from_raw(e.raw_os_error().unwrap_or(5))))
+    };
+    let read_u64 = |f: &StdFile, at: u64, what: &str| -> gdirect::Result<u64> {
+        let mut b = [0u8; 8];
+        f.read_exact_at(&mut b, at)
+            .map_err(|e| fail(what, Errno::from_raw(e.raw_os_error().unwrap_or(5))))?;
+        Ok(u64::from_le_bytes(b))
+    };
+    let (pagemap, flags) = (open("/proc/self/pagemap")?, open("/proc/kpageflags")?);
+    let start = mem.device_address() / PAGE;
+    let mut dirty = 0;
+    for page in start..start + mem.len().div_ceil(PAGE) {
+        let entry = read_u64(&pagemap, page * 8, "/proc/self/pagemap")?;
+        if entry & PRESENT == 0 || entry & PFN == 0 {
+            // Not present, or its frame hidden (no CAP_SYS_ADMIN): no evidence either way.
+            return Err(fail("a page frame from /proc/self/pagemap", Errno::ENODATA));
+        }
+        if read_u64(&flags, (entry & PFN) * 8, "/proc/kpageflags")? & KPF_DIRTY != 0 {
+            dirty += 1;
+        }
+    }
+    Ok(dirty)
 }
 
 /// The library's `DirectCache` (what the Python package moves CUDA memory through) on emulated
