@@ -155,6 +155,10 @@ module! {
             default: 0,
             description: "size of the emulated BAR1 aperture in MiB (0: as large as the device memory, as on GPUs with a static BAR1): nvidia_p2p_get_pages fails with -ENOMEM when the page tables handed out would map more",
         },
+        reuse_tables: u32 {
+            default: 0,
+            description: "test knob: 1: the page table freed last (put or revoked) is kept, and the next get_pages hands out the same struct, as a slab's per-CPU free list hands back the object freed last; a client that puts a table after its free then puts the new one",
+        },
         scatter_seed: u32 {
             default: 1,
             description: "seed of the placement of allocations' 64 KiB pages in BAR2: scattered, never adjacent where the free space allows (reproducible for a seed)",
@@ -427,7 +431,15 @@ struct Inner {
     bar1_used: u64,
     /// The placement generator's state (xorshift64, from `scatter_seed`).
     rng: u64,
+    /// The table struct freed last, kept for the next get_pages (`reuse_tables`).
+    recycled: Option<Recycled>,
 }
+
+/// A freed page table's struct, kept to be handed out again (`reuse_tables`).
+struct Recycled(TableStruct);
+// SAFETY: the struct's pointers (into the storage of the table it was) are never read again:
+// get_pages overwrites every field before handing it out.
+unsafe impl Send for Recycled {}
 
 impl Inner {
     /// The next number of the placement generator.
@@ -502,6 +514,8 @@ struct Egpu {
     /// free_page_table calls from a callback on its own, still linked table; and the others.
     callback_frees: Atomic<u64>,
     stray_frees: Atomic<u64>,
+    /// get_pages calls that handed out a freed table's struct again (`reuse_tables`).
+    tables_reused: Atomic<u64>,
     #[pin]
     inner: Mutex<Inner>,
 }
@@ -791,7 +805,7 @@ impl Egpu {
         release_bar1_locked(&mut inner, i, &m);
         reap_locked(self, &mut inner);
         drop(inner);
-        free_mapping(m);
+        free_mapping(self, m);
     }
 
     /// The allocation and mapping index of a page table handed out earlier.
@@ -867,10 +881,26 @@ fn first_fit(used: &[bool], n: usize) -> Option<usize> {
     None
 }
 
-/// Frees a mapping's DMA mappings and page table.
-fn free_mapping(m: Mapping) {
+/// `value` in `recycled` (a freed table's struct, `reuse_tables`), or in a new allocation.
+fn reuse_or_box<T>(recycled: Option<KBox<T>>, value: T) -> Result<KBox<T>> {
+    match recycled {
+        Some(mut b) => {
+            *b = value;
+            Ok(b)
+        }
+        None => Ok(KBox::new(value, GFP_KERNEL)?),
+    }
+}
+
+/// Frees a mapping's DMA mappings and page table (with `reuse_tables`, keeps the table's
+/// struct for the next get_pages).
+fn free_mapping(egpu: &Egpu, m: Mapping) {
     for dma in m.dmas {
         free_dma(dma);
+    }
+    if *module_parameters::reuse_tables.value() != 0 {
+        let TableBox { table, .. } = KBox::into_inner(m.table);
+        egpu.inner.lock().recycled = Some(Recycled(table));
     }
 }
 
@@ -1039,6 +1069,7 @@ impl pci::Driver for EgpuDriver {
                     in_callback: Atomic::new(0),
                     callback_frees: Atomic::new(0),
                     stray_frees: Atomic::new(0),
+                    tables_reused: Atomic::new(0),
                     inner <- new_mutex!(Inner {
                         used: KVec::from_elem(false, pages, GFP_KERNEL)?,
                         freed: KVec::from_elem(false, pages, GFP_KERNEL)?,
@@ -1047,6 +1078,7 @@ impl pci::Driver for EgpuDriver {
                         mappings: 0,
                         bar1_used: 0,
                         rng: u64::from(*module_parameters::scatter_seed.value()) | 1 << 32,
+                        recycled: None,
                     }),
                 }),
                 GFP_KERNEL,
@@ -1113,10 +1145,11 @@ struct InfoArgs {
     bar1_used: u64,
     callback_frees: u64,
     stray_frees: u64,
+    tables_reused: u64,
 }
 kernel::static_assert!(core::mem::size_of::<AllocArgs>() == 32);
 kernel::static_assert!(core::mem::size_of::<FreeArgs>() == 32);
-kernel::static_assert!(core::mem::size_of::<InfoArgs>() == 96);
+kernel::static_assert!(core::mem::size_of::<InfoArgs>() == 104);
 // SAFETY: `repr(C)` integer-only structs without padding (sizes checked above).
 unsafe impl FromBytes for AllocArgs {}
 // SAFETY: as above.
@@ -1304,6 +1337,7 @@ impl MiscDevice for EgpuFile {
                     bar1_used: inner.bar1_used,
                     callback_frees: egpu.callback_frees.load(Relaxed),
                     stray_frees: egpu.stray_frees.load(Relaxed),
+                    tables_reused: egpu.tables_reused.load(Relaxed),
                 };
                 drop(inner);
                 user.writer().write(&info)?;
@@ -1354,6 +1388,9 @@ fn get_pages(
     }
     let n = (len / PAGE) as usize;
     let bar1_before = inner.bar1_used;
+    // The struct freed last, to be handed out again (`reuse_tables`) with every field written
+    // anew (a failure below frees it).
+    let recycled = inner.recycled.take().map(|r| r.0);
     let a = inner
         .allocs
         .iter_mut()
@@ -1402,8 +1439,13 @@ fn get_pages(
     let mut uuid = KBox::new(GPU_UUID, GFP_KERNEL)?;
     let (generation, version) = table_generation();
     let (pages_ptr, uuid_ptr) = (page_ptrs.as_mut_ptr(), uuid.as_mut_ptr());
-    let table = match generation {
-        Generation::R535 => TableStruct::R535(KBox::new(
+    let recycled_used = recycled.is_some();
+    let table = match (generation, recycled) {
+        (Generation::R535, recycled) => TableStruct::R535(reuse_or_box(
+            recycled.and_then(|t| match t {
+                TableStruct::R535(b) => Some(b),
+                TableStruct::R580(_) => None,
+            }),
             NvidiaP2pPageTableR535 {
                 version,
                 page_size: nv_p2p_h::PAGE_SIZE_64KB,
@@ -1411,9 +1453,12 @@ fn get_pages(
                 entries: n as u32,
                 gpu_uuid: uuid_ptr,
             },
-            GFP_KERNEL,
         )?),
-        Generation::R580 => TableStruct::R580(KBox::new(
+        (Generation::R580, recycled) => TableStruct::R580(reuse_or_box(
+            recycled.and_then(|t| match t {
+                TableStruct::R580(b) => Some(b),
+                TableStruct::R535(_) => None,
+            }),
             NvidiaP2pPageTableR580 {
                 version,
                 page_size: nv_p2p_h::PAGE_SIZE_64KB,
@@ -1426,9 +1471,11 @@ fn get_pages(
                     0
                 },
             },
-            GFP_KERNEL,
         )?),
     };
+    if recycled_used {
+        egpu.tables_reused.fetch_add(1, Relaxed);
+    }
     let table = KBox::new(
         TableBox {
             table,
@@ -1496,7 +1543,7 @@ fn put_pages(table: PageTablePtr, persistent: bool) -> Result {
     release_bar1_locked(&mut inner, i, &m);
     reap_locked(&egpu, &mut inner);
     drop(inner);
-    free_mapping(m);
+    free_mapping(&egpu, m);
     Ok(())
 }
 

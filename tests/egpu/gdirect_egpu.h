@@ -127,6 +127,11 @@ struct egpu_info_args {
 	__u64 callback_frees;
 	/* nvidia_p2p_free_page_table calls anywhere else: outside a callback, another table */
 	__u64 stray_frees;
+	/*
+	 * get_pages calls that handed out the struct of the table freed last again (the
+	 * reuse_tables knob), as a slab hands back the object freed last
+	 */
+	__u64 tables_reused;
 };
 
 #define EGPU_IOC_ALLOC _IOWR(EGPU_IOC_MAGIC, 0x00, struct egpu_alloc_args)

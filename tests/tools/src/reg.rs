@@ -57,6 +57,11 @@
 //!   revoke-race ROUNDS PEER        free GPU memory while another thread queries and unregisters it
 //!   put-race ROUNDS PEER DEV       each interleaving of the registration's end (put_pages) with
 //!                                  the free callback, forced with the emulated GPU's delay knob
+//!   put-reuse ROUNDS               (the emulated GPU loaded with reuse_tables=1) a registration
+//!                                  ended while a free holds the driver's lock, and meanwhile a
+//!                                  REGISTER of other memory of the same process, whose new page
+//!                                  table is the freed one's struct: the new table must outlive
+//!                                  the old registration's end (see the function)
 //!   callback-locked ROUNDS PEER DEV  queries, reads of DEV, unregisters and closes while a free
 //!                                  holds the GPU driver's lock and runs the free callback
 //!   nopages                        REGISTER of GPU memory without struct pages (egpu nopages=1)
@@ -178,6 +183,10 @@ fn main() -> ExitCode {
         },
         (Some("put-race"), _) => match (num(1), peer(2), arg(3)) {
             (Some(rounds), Some(p), Some(dev)) => put_race(rounds, p, dev),
+            _ => return usage(),
+        },
+        (Some("put-reuse"), _) => match num(1) {
+            Some(rounds) => put_reuse(rounds),
             _ => return usage(),
         },
         (Some("callback-locked"), _) => match (num(1), peer(2), arg(3)) {
@@ -703,6 +712,112 @@ fn revoke_race(rounds: u64, peer: PciAddress) -> gdirect::Result<()> {
 /// How long a free holds the GPU driver's lock between taking its mappings and running the
 /// callbacks. The other side acts as soon as it sees them taken ([`wait_for_unlink`]).
 const WINDOW: Duration = Duration::from_millis(60);
+
+/// A registration's end meeting a free in its window while a REGISTER of other memory of the
+/// same process waits for the driver's lock too, the emulated GPU loaded with `reuse_tables=1`
+/// (the next page table is the struct of the one freed last, at its address, as a slab's free
+/// list hands it back). nvidia.ko's put_pages finds a table by its address among the process's
+/// records: a put of the freed table made after the new get_pages would put the new
+/// registration's pages. gdirect serializes get_pages and put_pages (`GET_PUT`), so the end
+/// waits for the get and then finds its callback run: no put. Each round checks, from the
+/// emulated GPU's records, that the new table was the old one's struct (the hazard was there),
+/// that the GPU still holds it once the old registration has ended, and that the new
+/// registration's own end puts it.
+fn put_reuse(rounds: u64) -> gdirect::Result<()> {
+    // The free holds the driver's lock this long; the REGISTER is sent first, then the end.
+    const HOLD: Duration = Duration::from_millis(400);
+    const GET_FIRST: Duration = Duration::from_millis(100);
+    let gpu = Egpu::open()?;
+    let before = gpu.info()?;
+    let mut reused = 0;
+    for round in 0..rounds {
+        let driver = Driver::open()?;
+        let old = gpu.alloc(16 * EGPU_PAGE)?;
+        let new = gpu.alloc(16 * EGPU_PAGE)?;
+        let reg = driver.register(&old)?;
+        let start = gpu.info()?;
+        let va = old.va();
+        let g = gpu.clone();
+        let freer = std::thread::spawn(move || g.free_va_delayed(va, HOLD));
+        wait_for_unlink(&gpu, start.mappings)?;
+        let new_reg = std::thread::scope(|s| {
+            let getter = s.spawn(|| driver.register(&new));
+            std::thread::sleep(GET_FIRST);
+            let u = reg.unregister();
+            check(
+                "the old registration's end in the free's window",
+                u.is_ok(),
+                || format!("round {round}: {u:?}"),
+            );
+            getter
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        });
+        let freed = freer
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        check(
+            "the free ran the old registration's callback",
+            matches!(freed, Ok(ref r) if r.callbacks == 1),
+            || format!("round {round}: {freed:?}"),
+        );
+        let mid = gpu.info()?;
+        let new_reg = match new_reg {
+            Ok(r) => r,
+            Err(e) => {
+                check("the new registration", false, || {
+                    format!("round {round}: {e}")
+                });
+                continue;
+            }
+        };
+        reused += mid.tables_reused - start.tables_reused;
+        check(
+            "the new page table is the freed one's struct (tables_reused)",
+            mid.tables_reused - start.tables_reused == 1,
+            || format!("round {round}: {}", mid.tables_reused - start.tables_reused),
+        );
+        check(
+            "the GPU still holds the new registration's table after the old one's end",
+            mid.mappings == start.mappings,
+            || {
+                format!(
+                    "round {round}: {} page tables, {} before",
+                    mid.mappings, start.mappings
+                )
+            },
+        );
+        let u = new_reg.unregister();
+        check("the new registration's end", u.is_ok(), || {
+            format!("round {round}: {u:?}")
+        });
+        let end = gpu.info()?;
+        check(
+            "its end put its table, found linked",
+            end.mappings + 1 == start.mappings && end.puts_unlinked == start.puts_unlinked,
+            || {
+                format!(
+                    "round {round}: {} page tables ({} before), {} unlinked puts",
+                    end.mappings,
+                    start.mappings,
+                    end.puts_unlinked - start.puts_unlinked
+                )
+            },
+        );
+    }
+    let after = gpu.info()?;
+    let info = Driver::open()?.info()?;
+    println!(
+        "rounds={rounds} tables_reused={reused} puts_unlinked={} callbacks={}",
+        after.puts_unlinked - before.puts_unlinked,
+        after.callbacks - before.callbacks
+    );
+    println!(
+        "registrations={} pinned_bytes={} egpu_mappings={}",
+        info.registrations, info.pinned_bytes, after.mappings
+    );
+    Ok(())
+}
 
 /// Waits until a free has taken the mappings of the allocation it frees (the emulated GPU's
 /// count of page tables held fell below `mapped`; the tables stay linked until each callback

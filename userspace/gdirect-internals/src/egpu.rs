@@ -109,6 +109,9 @@ pub struct EgpuInfo {
     pub callback_frees: u64,
     /// `nvidia_p2p_free_page_table` calls anywhere else.
     pub stray_frees: u64,
+    /// `get_pages` calls that handed out the struct of the page table freed last again (the
+    /// module loaded with `reuse_tables=1`).
+    pub tables_reused: u64,
 }
 
 /// What freeing an allocation did to its registrations.
@@ -201,6 +204,7 @@ impl Egpu {
             bar1_used: args.bar1_used,
             callback_frees: args.callback_frees,
             stray_frees: args.stray_frees,
+            tables_reused: args.tables_reused,
         })
     }
 

@@ -15,7 +15,7 @@ pub const EGPU_PAGEDIR_HEADER: u32 = 16;
 pub const EGPU_FREE_MAX_DELAY_US: u32 = 1000000;
 pub const EGPU_IOC_ALLOC: u32 = 3223377664;
 pub const EGPU_IOC_FREE: u32 = 3223377665;
-pub const EGPU_IOC_INFO: u32 = 2153830146;
+pub const EGPU_IOC_INFO: u32 = 2154354434;
 pub type __u32 = ::std::os::raw::c_uint;
 pub type __u64 = ::std::os::raw::c_ulonglong;
 #[repr(C)]
@@ -84,10 +84,11 @@ pub struct egpu_info_args {
     pub bar1_used: __u64,
     pub callback_frees: __u64,
     pub stray_frees: __u64,
+    pub tables_reused: __u64,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of egpu_info_args"][::std::mem::size_of::<egpu_info_args>() - 96usize];
+    ["Size of egpu_info_args"][::std::mem::size_of::<egpu_info_args>() - 104usize];
     ["Alignment of egpu_info_args"][::std::mem::align_of::<egpu_info_args>() - 8usize];
     ["Offset of field: egpu_info_args::bar_bus_addr"]
         [::std::mem::offset_of!(egpu_info_args, bar_bus_addr) - 0usize];
@@ -116,4 +117,6 @@ const _: () = {
         [::std::mem::offset_of!(egpu_info_args, callback_frees) - 80usize];
     ["Offset of field: egpu_info_args::stray_frees"]
         [::std::mem::offset_of!(egpu_info_args, stray_frees) - 88usize];
+    ["Offset of field: egpu_info_args::tables_reused"]
+        [::std::mem::offset_of!(egpu_info_args, tables_reused) - 96usize];
 };
