@@ -22,8 +22,11 @@ use serde::{
     Deserialize, Deserializer,
 };
 
-/// One tensor's entry, as the format writes it (other keys are ignored, as safetensors does).
+/// One tensor's entry, as the format writes it. Other keys, which safetensors ignores once
+/// serde_json has read them (nesting, numbers, UTF-8 and all), are the Python parser's: it
+/// checks them as serde_json does.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Entry {
     dtype: String,
     shape: Vec<u64>,

@@ -119,10 +119,10 @@ GOOD = {"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}
         (GOOD, b"\0" * 16, 2**40, "a header of 1099511627776 bytes"),
         ({"w": {"dtype": "F33", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 16, None, "unknown dtype 'F33'"),
         ({"w": {"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}}, b"\0" * 16, None, "is 20 bytes, its offsets span 16"),
-        ({"w": {"dtype": "F32", "shape": [2**62, 2**62], "data_offsets": [0, 16]}}, b"\0" * 16, None, "its offsets span 16"),
+        ({"w": {"dtype": "F32", "shape": [2**62, 2**62], "data_offsets": [0, 16]}}, b"\0" * 16, None, "overflows 64 bits"),
         ({"w": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}, b"\0" * 16, None, "not a list of sizes"),
         ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [16, 0]}}, b"\0" * 16, None, "are not \\[begin, end\\]"),
-        ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 2**70]}}, b"\0" * 16, None, "span"),
+        ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 2**70]}}, b"\0" * 16, None, "are not \\[begin, end\\]"),
         ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
           "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}, b"\0" * 16, None, "overlap"),
         ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}, "__metadata__": {"a": 1}}, b"\0" * 16, None, "__metadata__"),
@@ -397,11 +397,10 @@ def test_on_the_edges_the_native_parser_takes_only_what_python_takes_and_reads_i
 
 
 def test_headers_the_native_parser_gives_way_on_are_read_by_python(tmp_path, monkeypatch):
-    # A repeated name (JSON keeps the last), a lone surrogate in a name, a header's own padding.
+    # A repeated name (the last counts), a repeated metadata key, a header's own padding.
     cases = [
         b'{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}, '
         b'"a": {"dtype": "I8", "shape": [2], "data_offsets": [0, 2]}}',
-        b'{"\\ud800": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}',
         b'{"__metadata__": {"k": "1", "k": "2"}, "a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}',
     ]
     for i, h in enumerate(cases):
@@ -414,6 +413,80 @@ def test_headers_the_native_parser_gives_way_on_are_read_by_python(tmp_path, mon
     padded.write_bytes(struct.pack("<Q", len(h)) + h + b"\0\0")
     assert native_takes(padded)
     assert gst.read_header(padded) == python_header(padded, monkeypatch)
+
+
+U8x2 = '{"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}'
+
+# Headers that only raw JSON can write (repeated keys, escapes, numbers Python's json reads its
+# own way), each judged by safetensors, whose serde_json reading gdirect must match: (name,
+# header, expected). Each has 2 bytes of data.
+RAW_EDGES = [
+    ("a field given twice", '{"a": {"dtype": "I8", "dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}', False),
+    ("a field twice, the first unknown", '{"a": {"dtype": "XX", "dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}', False),
+    ("shape twice", '{"a": {"dtype": "U8", "shape": [2], "shape": [2], "data_offsets": [0, 2]}}', False),
+    ("__metadata__ twice", '{"__metadata__": {}, "__metadata__": {"k": "v"}, "a": %s}' % U8x2, False),
+    ("__metadata__ twice, the first invalid", '{"__metadata__": 5, "__metadata__": {}, "a": %s}' % U8x2, False),
+    ("a name twice, both valid (the last counts)", '{"a": %s, "a": %s}' % (U8x2, U8x2), True),
+    ("a name twice, the first not an entry", '{"a": 5, "a": %s}' % U8x2, False),
+    ("a name twice, the first of an unknown dtype", '{"a": {"dtype": "XX", "shape": [2], "data_offsets": [0, 2]}, "a": %s}' % U8x2, False),
+    ("a metadata key twice", '{"__metadata__": {"k": "1", "k": "2"}, "a": %s}' % U8x2, True),
+    ("a lone surrogate in a name", '{"\\ud800": %s}' % U8x2, False),
+    ("a lone surrogate in metadata", '{"__metadata__": {"k": "\\udc00"}, "a": %s}' % U8x2, False),
+    ("a surrogate pair in a name", '{"\\ud83d\\ude00": %s}' % U8x2, True),
+    ("a shape of -0", '{"a": {"dtype": "U8", "shape": [-0, 2], "data_offsets": [0, 0]}, "b": %s}' % U8x2, False),
+    ("offsets of -0", '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [-0, 2]}}', False),
+    ("a shape overflowing 64 bits before a 0", '{"a": {"dtype": "U8", "shape": [4294967296, 4294967296, 0], "data_offsets": [0, 0]}, "b": %s}' % U8x2, False),
+    ("a size of 2**64", '{"a": {"dtype": "U8", "shape": [18446744073709551616, 0], "data_offsets": [0, 0]}, "b": %s}' % U8x2, False),
+    ("a size of 2**64 - 1 times 0", '{"a": {"dtype": "U8", "shape": [18446744073709551615, 0], "data_offsets": [0, 0]}, "b": %s}' % U8x2, True),
+    ("an entry as an array", '{"a": ["U8", [2], [0, 2]]}', True),
+    ("an entry as an array, a metadata key twice", '{"__metadata__": {"k": "1", "k": "2"}, "a": ["U8", [2], [0, 2]]}', True),
+    ("an extra field nested 100 deep", '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2], "x": %s}}' % ("[" * 100 + "]" * 100), True),
+    ("an extra field nested 126 deep", '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2], "x": %s}}' % ("[" * 126 + "]" * 126), False),
+    ("an extra field of 1e400", '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2], "x": 1e400}}', False),
+    ("an extra field of 10**400", '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2], "x": 1%s}}' % ("0" * 400), False),
+    ("an extra field of 10**30", '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2], "x": 1%s}}' % ("0" * 30), True),
+    ("an extra field with a lone surrogate", '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2], "x": "\\ud800"}}', False),
+]
+
+
+@pytest.mark.parametrize("name, header, ok", RAW_EDGES, ids=[e[0] for e in RAW_EDGES])
+def test_raw_headers_are_judged_as_safetensors_judges_them(tmp_path, name, header, ok, monkeypatch):
+    path = tmp_path / "raw.safetensors"
+    h = header.encode()
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"\1\2")
+    assert safetensors_accepts(path) == ok, f"{name}: the reference's verdict is not {ok}"
+    verdicts = []
+    for read in (gst.read_header, lambda p: python_header(p, monkeypatch)):
+        try:
+            verdicts.append(read(path))
+        except gst.SafetensorsError:
+            verdicts.append(None)
+    assert [v is not None for v in verdicts] == [ok, ok], name
+    assert verdicts[0] == verdicts[1]
+    if ok:
+        names = [t.name for t in verdicts[0].tensors if t.end > t.start]
+        with gst.open(path, framework="numpy", device="cpu") as f:
+            assert [f.get_tensor(n).tobytes() for n in names] == [b"\1\2"]
+
+
+def test_invalid_utf8_in_an_ignored_string_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "utf8.safetensors"
+    h = b'{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2], "x": "\xff"}}'
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"\1\2")
+    assert not safetensors_accepts(path)
+    assert not native_takes(path)
+    with pytest.raises(gst.SafetensorsError, match="not JSON"):
+        gst.read_header(path)
+
+
+def test_nesting_past_pythons_recursion_limit_is_a_safetensors_error(tmp_path):
+    path = tmp_path / "deep.safetensors"
+    deep = "[" * 100_000 + "]" * 100_000
+    h = ('{"__metadata__": {"k": "1", "k": "2"}, "a": {"dtype": "U8", "shape": [2], '
+         '"data_offsets": [0, 2], "x": %s}}' % deep).encode()
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"\1\2")
+    with pytest.raises(gst.SafetensorsError, match="not JSON"):
+        gst.read_header(path)
 
 
 def reference_layout(tensors):

@@ -69,6 +69,32 @@ def test_non_contiguous_arrays_are_written_as_their_values(tmp_path):
         assert same(got[k], np.ascontiguousarray(v)), k
 
 
+def test_big_endian_arrays_are_written_as_their_values(tmp_path):
+    # The format is little-endian: a big-endian array's values are written, swapped, as
+    # safetensors.numpy writes them; its bytes as they are would read back as other numbers.
+    t = {"f4": np.arange(6, dtype=">f4"), "i8": np.arange(6, dtype=">i8") - 3,
+         "u2": np.arange(6, dtype=">u2"), "c8": np.arange(6, dtype=">c8") * 1j,
+         "scalar": np.array(1.5, dtype=">f8"), "strided": np.arange(24, dtype=">i4").reshape(4, 6).T,
+         "little": np.arange(6, dtype="<f4")}
+    p, ref = tmp_path / "be.safetensors", tmp_path / "be-ref.safetensors"
+    gst.save(t, p)
+    # (safetensors.numpy itself writes a strided big-endian array's bytes in the wrong order:
+    # its reference file is made from C-ordered copies.)
+    safetensors.numpy.save_file({k: v.copy(order="C") for k, v in t.items()}, str(ref))
+    assert p.read_bytes() == ref.read_bytes()
+    got = safetensors.numpy.load_file(str(p))
+    for k, v in t.items():
+        assert got[k].shape == v.shape and np.array_equal(got[k], v), k
+        assert got[k].dtype == v.dtype.newbyteorder("<"), k
+
+
+def test_a_header_past_the_formats_limit_is_not_written(tmp_path):
+    p = tmp_path / "big.safetensors"
+    with pytest.raises(ValueError, match="safetensors reads at most 100000000"):
+        gst.save({"a": np.zeros(2, dtype=np.uint8)}, p, metadata={"k": "x" * 100_000_000})
+    assert os.listdir(tmp_path) == []
+
+
 def test_overlapping_arrays_are_refused(tmp_path):
     base = np.arange(100, dtype=np.float32)
     p = tmp_path / "shared.safetensors"

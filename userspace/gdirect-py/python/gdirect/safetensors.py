@@ -11,7 +11,9 @@ tensors are views of it, none copied. The header is parsed and checked
 here before any byte of data is read, by the format's own rules (those of the safetensors
 package, 0.8): an unknown dtype, a shape that does not match its bytes, tensors that overlap or
 leave a gap, data that does not start at the section's first byte or bytes after the last
-tensor, a header over 100,000,000 bytes, ``__metadata__`` that is not a map of strings, or a
+tensor, a header over 100,000,000 bytes, ``__metadata__`` that is not a map of strings (or
+given twice), a field of an entry given twice, JSON that safetensors' parser refuses (a lone
+surrogate escape, a number out of range, nesting past 128 levels, in ignored fields too), or a
 truncated file raise ``SafetensorsError`` (a ``ValueError``), never a partial result. The
 header and the data come through one open file, so a file replaced in between is not mixed.
 Every dtype of safetensors 0.8 is read (F4 as torch's ``float4_e2m1fn_x2``, two a byte).
@@ -25,6 +27,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple, Union
 
@@ -115,6 +118,60 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+_U64 = 1 << 64
+_FIELDS = ("dtype", "shape", "data_offsets")
+# serde_json's nesting limit: the header object and 127 levels inside it.
+_MAX_DEPTH = 128
+
+
+class _Object(list):
+    """A JSON object as its (key, value) pairs in order, repeated keys kept."""
+
+
+def _int(text: str) -> Any:
+    """A JSON integer as serde_json reads it: beyond 64 bits, or ``-0``, a float."""
+    v = int(text)
+    if (v == 0 and text.startswith("-")) or not -(1 << 63) <= v < _U64:
+        return _float(text)
+    return v
+
+
+def _float(text: str) -> float:
+    v = float(text)
+    if v in (float("inf"), float("-inf")):
+        raise ValueError(f"number out of range: {text[:20]}")
+    return v
+
+
+def _check_json(v: Any, depth: int) -> None:
+    """Refuses what serde_json refuses after Python's ``json`` took it: a string that is not
+    UTF-8 (a lone surrogate escape) and nesting past its limit, anywhere, in ignored fields
+    too."""
+    t = type(v)
+    if t is str:
+        v.encode("utf-8")
+    elif t is _Object or t is list:
+        if depth >= _MAX_DEPTH:
+            raise ValueError(f"nested more than {_MAX_DEPTH} levels")
+        for x in v:
+            if t is _Object:
+                x[0].encode("utf-8")
+                _check_json(x[1], depth + 1)
+            else:
+                _check_json(x, depth + 1)
+
+
+def _json(text: str) -> Any:
+    """The header's JSON as safetensors' serde_json reads it: objects as ``_Object`` pairs (a
+    repeated key is for the caller to judge), integers past 64 bits and ``-0`` as floats, out
+    of range numbers, NaN, lone surrogates and too deep nesting refused (``ValueError``,
+    ``UnicodeEncodeError``, ``RecursionError``)."""
+    v = json.loads(text, object_pairs_hook=_Object, parse_int=_int, parse_float=_float,
+                   parse_constant=_no_constant)
+    _check_json(v, 1)
+    return v
+
+
 def _read(f: File, n: int, offset: int) -> bytes:
     buf = bytearray(n)
     if n and f.read(buf, file_offset=offset).bytes != n:
@@ -142,25 +199,39 @@ def _parse_header(f: File) -> Header:
     if fast is not None:
         return Header(path, fast[0], fast[1], 8 + n, data_len)
     try:
-        header = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError) as e:
+        header = _json(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise _bad(path, f"the header is not JSON ({e})") from None
-    if not isinstance(header, dict):
+    if type(header) is not _Object:
         raise _bad(path, "the header is not a JSON object")
-    meta = header.pop("__metadata__", None)
-    if meta is None:
-        meta = {}
-    elif not isinstance(meta, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
-    ):
-        raise _bad(path, f"__metadata__ {meta!r:.60} is not a map of strings to strings")
-    tensors = []
-    append = tensors.append
-    for name, info in header.items():
-        if type(info) is not dict:
-            if not isinstance(info, dict):
-                raise _bad(path, f"tensor {name!r}: not an object")
-        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    meta: Any = None
+    had_meta = False
+    by_name: Dict[str, TensorInfo] = {}
+    # Every entry is checked, a repeated name's too; the last one counts (serde's map).
+    for name, info in header:
+        if name == "__metadata__":
+            # A struct's field in safetensors' header type: given once, null or strings.
+            if had_meta:
+                raise _bad(path, "__metadata__ given twice")
+            had_meta = True
+            if info is not None and (type(info) is not _Object or not all(
+                    type(v) is str for _, v in info)):
+                raise _bad(path, f"__metadata__ {info!r:.60} is not a map of strings to strings")
+            meta = info
+            continue
+        if type(info) is _Object:
+            fields: Dict[str, Any] = {}
+            for k, v in info:
+                if k in _FIELDS:
+                    if k in fields:
+                        raise _bad(path, f"tensor {name!r}: {k} given twice")
+                    fields[k] = v
+            dtype, shape, offsets = (fields.get(k) for k in _FIELDS)
+        elif type(info) is list and len(info) == 3:
+            # serde reads a struct from an array of its fields in order too.
+            dtype, shape, offsets = info
+        else:
+            raise _bad(path, f"tensor {name!r}: not an object")
         bits = DTYPE_BITS.get(dtype) if type(dtype) is str else None
         if bits is None:
             raise _bad(path, f"tensor {name!r}: unknown dtype {dtype!r}")
@@ -168,15 +239,21 @@ def _parse_header(f: File) -> Header:
             raise _bad(path, f"tensor {name!r}: shape {shape!r} is not a list of sizes")
         numel = 1
         for d in shape:
-            if type(d) is not int or d < 0:
+            if type(d) is not int or not 0 <= d < _U64:
                 raise _bad(path, f"tensor {name!r}: shape {shape!r} is not a list of sizes")
+            # Checked as safetensors multiplies (in 64 bits, in order): an overflow is an
+            # error even where a later size is 0.
             numel *= d
+            if numel >= _U64:
+                raise _bad(path, f"tensor {name!r}: shape {shape!r} overflows 64 bits")
         if type(offsets) is not list or len(offsets) != 2:
             raise _bad(path, f"tensor {name!r}: data_offsets {offsets!r} are not [begin, end]")
         start, end = offsets
-        if type(start) is not int or type(end) is not int or not 0 <= start <= end:
+        if (type(start) is not int or type(end) is not int or not 0 <= start <= end < _U64):
             raise _bad(path, f"tensor {name!r}: data_offsets {offsets!r} are not [begin, end]")
         bits *= numel
+        if bits >= _U64:
+            raise _bad(path, f"tensor {name!r}: {dtype}{shape} overflows 64 bits")
         if bits % 8:
             raise _bad(
                 path,
@@ -188,7 +265,9 @@ def _parse_header(f: File) -> Header:
                 f"tensor {name!r}: {dtype}{shape} is {bits // 8} bytes, "
                 f"its offsets span {end - start}",
             )
-        append(TensorInfo(name, dtype, tuple(shape), start, end))
+        by_name[name] = TensorInfo(name, dtype, tuple(shape), start, end)
+    meta = {} if meta is None else dict(meta)
+    tensors = list(by_name.values())
     # The data section is the tensors end to end from its first byte, in offset order: no
     # gap, no overlap, nothing after the last (safetensors' Metadata::validate and its check
     # that the buffer is fully covered).
@@ -821,6 +900,10 @@ def _prepare(name: Any, t: Any) -> Tuple[_Out, Tuple[str, int, int]]:
     ptr = t.__cuda_array_interface__["data"][0] if gpu else t.__array_interface__["data"][0]
     span = _extent(ptr, t.shape, t.strides, t.itemsize, t.nbytes)
     device = f"cuda:{t.device.id}" if gpu else "cpu"
+    if not gpu and (dt.byteorder == ">" or (dt.byteorder == "=" and sys.byteorder == "big")):
+        # The format is little-endian: the values are written, not the bytes (as
+        # safetensors.numpy swaps them too), in a C-ordered copy of the same shape.
+        t = t.astype(dt.newbyteorder("<"), order="C")
     if not t.flags.c_contiguous:
         if gpu:
             import cupy
@@ -861,6 +944,10 @@ def _header(outs: List[_Out], metadata: Optional[Dict[str, str]]) -> Tuple[bytes
         at += o.nbytes
     text = json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode()
     text += b" " * (-len(text) % 8)
+    if len(text) > MAX_HEADER:
+        raise ValueError(
+            f"the header would be {len(text)} bytes: safetensors reads at most {MAX_HEADER}"
+        )
     return len(text).to_bytes(8, "little") + text, offsets
 
 
@@ -999,9 +1086,12 @@ def save(
     The file is the one ``safetensors.torch.save_file`` (or ``safetensors.numpy.save_file``)
     writes: the same header (tensors ordered by dtype, then name; ``metadata``, a dict of
     strings, as ``__metadata__``) and data. A non-contiguous tensor is written as its
-    contiguous values (``save_file`` refuses it); tensors whose memory overlaps are refused
-    with ``RuntimeError``, as ``save_file`` refuses them (save one and slice it at load). GPU
-    tensors are written after all the work queued on their GPU when ``save`` is called.
+    contiguous values (``save_file`` refuses it), a big-endian NumPy array as its values in
+    the format's little-endian order; tensors whose memory overlaps are refused
+    with ``RuntimeError``, as ``save_file`` refuses them (save one and slice it at load), and
+    a header the format's readers would refuse (over 100,000,000 bytes) with ``ValueError``,
+    before anything is written. GPU tensors are written after all the work queued on their GPU
+    when ``save`` is called.
 
     The file is written under a temporary name beside ``path`` and renamed over it at the end:
     an error or a crash leaves the old file, or none, never half of one. ``fsync=True`` syncs
