@@ -72,6 +72,10 @@
 //! rig's tools and the host to follow.
 //! Debug knob: `EGPU_IOC_FREE`'s `delay_us` holds the API lock that long between unlinking the
 //! mappings and running their callbacks, so tests force put_pages into that window.
+//! Test knob `reuse_tables=1`: the page table struct freed last is handed to the next
+//! get_pages (a slab's per-CPU free list hands back the object freed last, so in nvidia.ko a
+//! new table often has a freed one's address, the key put_pages finds a table by): a client
+//! whose put of a freed table runs after a new get_pages puts the new table.
 
 use core::{
     ffi::c_void,
