@@ -615,11 +615,12 @@ impl GdirectFile {
                     break;
                 }
             };
-            // The user's cap, like the file's, queues no more: `EDQUOT` only if none was.
+            // The user's cap, like the file's, queues no more: `EDQUOT` only if none was. Any
+            // other error (`ENOMEM`) fails the call at this entry, as a malformed one does.
             let charge = match t.charge_user() {
                 Ok(charge) => charge,
                 Err(e) => {
-                    if submitted == 0 {
+                    if submitted == 0 || e != error::over_user_transfer_limit() {
                         failure = Some(e);
                     }
                     break;

@@ -73,7 +73,7 @@ module! {
         },
         max_pinned_bytes_per_user: u64 {
             default: 32 << 30,
-            description: "Most bytes the registrations of one user (the real uid that opened the device) may pin, half of max_pinned_bytes by default; 0: only max_pinned_bytes applies (default 32 GiB)",
+            description: "Most bytes the registrations of one user (the real uid that opened the device) may pin; 0: only max_pinned_bytes applies (default 32 GiB, half the default max_pinned_bytes: set both when changing one)",
         },
         max_registrations: u32 {
             default: 65536,
@@ -81,23 +81,23 @@ module! {
         },
         max_in_flight: u32 {
             default: 128,
-            description: "Most batched transfers one open file may have in flight (default 128)",
+            description: "Most batched transfers one open file may have in flight; 0 counts as 1 (default 128)",
         },
         max_in_flight_per_user: u32 {
-            default: 1024,
-            description: "Most batched transfers the files of one user (and of the users whose namespaces it runs in) may have running, over all its files and processes; 0: only max_in_flight per file applies (default 1024)",
+            default: 256,
+            description: "Most batched transfers the files of one user (and of the users whose namespaces it runs in) may have running, over all its files and processes: at most half of the 512 that the module's workqueue runs at once on a CPU (the submitting one), so that no user takes every worker; 0: only max_in_flight per file applies (default 256)",
         },
         max_in_flight_bytes: u64 {
             default: 64 << 20,
-            description: "Most bytes of storage I/O one registration may have running on its memory, which bounds what a free of the memory (cudaFree) waits for (README: A free's wait is bounded); 0: no cap (default 64 MiB)",
+            description: "Most bytes of storage I/O one registration may have running on its memory, which bounds what a free of the memory (cudaFree) waits for (README: A free's wait is bounded); one transfer's 8 MiB chunk always runs, so a cap below 8 MiB bounds no tighter; 0: no cap (default 64 MiB)",
         },
         max_in_flight_bytes_per_user: u64 {
             default: 256 << 20,
-            description: "Most bytes of storage I/O the transfers of one user (and of the users whose namespaces it runs in) may have running, its share of a drive's queue; 0: no cap (default 256 MiB)",
+            description: "Most bytes of storage I/O the transfers of one user (and of the users whose namespaces it runs in) may have running, its share of a drive's queue (one 8 MiB chunk always runs); 0: no cap (default 256 MiB)",
         },
         bounce_buffers: u32 {
             default: 32,
-            description: "1 MiB chunks of host memory the bounce path may use (default 32)",
+            description: "1 MiB chunks of host memory the bounce path may use; 0 counts as 1 (default 32)",
         },
         max_bounce_per_user: u32 {
             default: 16,

@@ -349,13 +349,17 @@ impl Transfer {
             path::PATH_BOUNCE => self.bounce(),
             _ => self.direct(),
         };
-        let result = io
-            // A read that came back short because the device went away is a failure, not an end
-            // of file: report no bytes as transferred.
-            .and_then(|(bytes, eof, bounced)| match eof {
-                true => target.check_live().map(|()| (bytes, eof, bounced)),
-                false => Ok((bytes, eof, bounced)),
-            })
+        let result = match io {
+            // A transfer that failed or came back short (a read's end of file) because the
+            // device went away is a failure of that, `ENODEV`, whatever the block layer made
+            // of it (`EIO`, or `ENOSPC` for a write to a device whose capacity fell to 0): no
+            // bytes are reported as transferred.
+            Err(e) => Err(target.check_live().err().unwrap_or(e)),
+            Ok((bytes, eof, bounced)) if eof || bytes < self.len => {
+                target.check_live().map(|()| (bytes, eof, bounced))
+            }
+            ok => ok,
+        }
             .map(|(bytes, eof, bounce_bytes)| Outcome {
                 bytes,
                 path,
