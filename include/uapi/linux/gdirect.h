@@ -80,7 +80,10 @@
  * reported.
  */
 enum gdirect_provider {
-	/* Ordinary user memory, pinned. addr is a user virtual address. Page size 4 KiB. */
+	/*
+	 * Ordinary user memory, pinned. addr is a user virtual address. Page size:
+	 * the kernel's (4 KiB on x86-64; 16 or 64 KiB on some arm64 kernels).
+	 */
 	GDIRECT_PROVIDER_HOST = 0,
 	/*
 	 * NVIDIA GPU memory through the nv-p2p kernel interface of nvidia.ko
@@ -92,7 +95,8 @@ enum gdirect_provider {
 	/*
 	 * Memory already registered with PCI P2PDMA (an NVMe CMB, a GPU BAR
 	 * published by its driver), through a user mapping of it such as an mmap
-	 * of /sys/bus/pci/devices/<bdf>/p2pmem/allocate. Page size 4 KiB.
+	 * of /sys/bus/pci/devices/<bdf>/p2pmem/allocate. Page size: the kernel's,
+	 * as for host memory.
 	 */
 	GDIRECT_PROVIDER_P2PDMA = 2,
 	GDIRECT_PROVIDER_COUNT = 3,
@@ -144,11 +148,17 @@ struct gdirect_info_args {
  *  EINVAL          a flag bit the command does not define (or one the provider
  *                  does not support), a nonzero reserved/pad field, zero length.
  *  ERANGE          addr or len is not a multiple of the provider's alignment
- *                  (4 KiB for host and p2pdma, 64 KiB for nvidia).
+ *                  (the kernel's page size for host and p2pdma, 64 KiB for
+ *                  nvidia).
  *  EOVERFLOW       addr + len overflows.
  *  EPROTONOSUPPORT provider is not a GDIRECT_PROVIDER_* value.
  *  EOPNOTSUPP      the provider exists but not on this system now (nvidia
- *                  without nvidia.ko's nv-p2p symbols).
+ *                  without nvidia.ko's nv-p2p symbols); or, nvidia, its driver
+ *                  refused the pages for another reason than bad arguments or
+ *                  memory (an nvidia_p2p_get_pages error other than -EINVAL
+ *                  and -ENOMEM), or answered with a page table that does not
+ *                  add up (an unknown page size, no pages, pages that do not
+ *                  cover len): it cannot serve this memory now.
  *  ENXIO           the range is not (entirely) memory of that provider: not
  *                  mapped in the process, not P2PDMA memory, not a GPU
  *                  allocation, or spanning two devices.
@@ -199,7 +209,9 @@ struct gdirect_info_args {
  *                  ownership itself). Checked at each QUERY; a mapping made
  *                  earlier stays until the registration ends.
  *  EACCES          REGISTER: GDIRECT_REGISTER_PERSISTENT by a caller without
- *                  CAP_SYS_ADMIN (such a registration is never revoked).
+ *                  CAP_SYS_ADMIN (such a registration is never revoked);
+ *                  checked before the provider and the alignment, so it is
+ *                  the answer whatever they are.
  *                  QUERY: addresses asked for (max_entries > 0) by a caller
  *                  without CAP_SYS_ADMIN. They are bus addresses, or physical
  *                  ones where the IOMMU passes DMA through, which the kernel
@@ -218,6 +230,8 @@ struct gdirect_info_args {
  *                  run out); ending other registrations frees it.
  *  EINTR           REGISTER: a fatal signal came while the pages were being
  *                  pinned (the caller is being killed); nothing stays pinned.
+ *                  QUERY with a peer: a signal came while it waited for the
+ *                  peer's device lock (restarted where the handler asks).
  */
 
 /* REGISTER flags */
@@ -337,7 +351,8 @@ struct gdirect_query_args {
  *              O_DIRECT cleared by fcntl(F_SETFL) meanwhile fails with it).
  *  ERANGE      file_offset, buf_offset or len is not a multiple of the logical
  *              block size of the file's block device.
- *  EOVERFLOW   buf_offset + len is past the end of the registration.
+ *  EOVERFLOW   buf_offset + len is past the end of the registration, or
+ *              file_offset is 2^63 or more (past what a file offset holds).
  *  ENOTBLK     the file is not on a block device (no direct I/O to route).
  *  ENODEV      the file's block device went away (hot removal, an NVMe-oF
  *              controller deleted): a transfer never reports the bytes it got
@@ -387,7 +402,10 @@ enum gdirect_path_reason {
 	GDIRECT_REASON_QUEUE_NO_P2P = 2,
 	/* The storage's DMA device cannot reach the memory peer to peer (PCI distance). */
 	GDIRECT_REASON_DISTANCE = 3,
-	/* The provider's memory has no struct pages the block layer can use. */
+	/*
+	 * The provider's memory has no struct pages the block layer can use. Not
+	 * given by this version: REGISTER refuses such memory (EMEDIUMTYPE).
+	 */
 	GDIRECT_REASON_NO_PAGES = 4,
 	/*
 	 * The file is on an NVMe native multipath head whose queue does not
@@ -480,11 +498,14 @@ struct gdirect_io_args {
  * In flight are the transfers submitted and not yet reaped; a file may have at
  * most max_in_flight of them (module parameter, default 128). The files of one
  * user may have at most max_in_flight_per_user transfers queued or running
- * (module parameter, default 1024; counted until each is done, reaped or not;
+ * (module parameter, default 256; counted until each is done, reaped or not;
  * the user is the one that opened the file, and the owners of the user
- * namespaces it runs in, as for max_pinned_bytes_per_user), so that no user
- * takes every worker. SUBMIT queues entries in order until one is malformed or
- * cannot be read (EFAULT) (its index is reported in `submitted`, the entries
+ * namespaces it runs in, as for max_pinned_bytes_per_user): the module's
+ * workqueue runs at most 512 transfers at once on each CPU, each on the CPU
+ * that submitted it, so with the default no user takes every worker.
+ * SUBMIT takes 1 to GDIRECT_BATCH_MAX entries (EINVAL otherwise) and queues
+ * them in order until one is malformed or cannot be read (EFAULT) or memory
+ * runs out for it (ENOMEM) (its index is reported in `submitted`, the entries
  * before it are queued, and the call fails with that entry's errno) or a limit
  * is reached (the call succeeds with submitted < count; it fails with EAGAIN
  * when the file's limit left nothing to queue, EDQUOT when the user's did).
@@ -543,7 +564,11 @@ struct gdirect_submit_args {
 };
 
 /* REAP flags */
-/* Block (interruptibly) until at least one completion is there. */
+/*
+ * Block (interruptibly: EINTR, or the call restarted where the handler asks)
+ * until at least one completion is there; with nothing in flight, return at
+ * once with reaped = 0.
+ */
 #define GDIRECT_REAP_WAIT (1U << 0)
 
 struct gdirect_reap_args {
@@ -560,7 +585,8 @@ struct gdirect_reap_args {
 
 struct gdirect_eventfd_args {
 	/* in */
-	__s32 fd; /* an eventfd, or -1 to stop signalling */
+	/* an eventfd, or -1 to stop signalling (EBADF: not an open file; EINVAL: not an eventfd) */
+	__s32 fd;
 	__u32 flags; /* must be 0 */
 };
 
@@ -582,6 +608,10 @@ struct gdirect_eventfd_args {
  * The struct has no reserved room: a path or reason added later comes with a
  * new command (its size is in the command number), and this one keeps
  * answering with the counts it has now.
+ *
+ * A transfer that fails before its path is chosen (its device gone, ENODEV;
+ * its registration revoked, EKEYREVOKED) is in no path's counts; its batch
+ * completion says path BOUNCE, reason NONE.
  */
 #define GDIRECT_LATENCY_BUCKETS 20
 

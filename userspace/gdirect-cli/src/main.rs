@@ -112,8 +112,8 @@ enum Command {
     /// Where a CUDA GPU is present the memory is CUDA device 0's (--gpu N for another): the
     /// module moves the bytes where it is loaded with the nvidia provider, the library's compat
     /// engine everywhere else (parallel O_DIRECT reads into pinned buffers, or DMA from the page
-    /// cache for cached data), and the report says which and why. A read larger than the GPU's
-    /// free memory goes through a window of it, piece by piece. --mem reads into other memory
+    /// cache for cached data), and the report says which and why. A read larger than half the
+    /// GPU's free memory goes through a window of that size, piece by piece. --mem reads into other memory
     /// instead (host, the test rig's emulated GPU, P2P memory) through the module only.
     ///
     /// Exit status: 0 on success, 3 when --verify found a byte that differs, 1 on any other
@@ -192,7 +192,8 @@ enum Command {
         /// Where in the file to write (a multiple of its logical block size).
         #[arg(long, default_value = "0", value_parser = parse_offset)]
         offset: u64,
-        /// Bytes to write (default: the size of the source; a multiple of the block size).
+        /// Bytes to write (default: the size of the source, and never more than it; a multiple of
+        /// the block size).
         #[arg(long, value_parser = parse_size)]
         len: Option<u64>,
         /// Take the bounce path whatever the hardware allows.
@@ -268,8 +269,8 @@ fn main() -> ExitCode {
                     if engine.is_set() {
                         usage_error(
                             "--threads, --block-size, --staging-size, --page-cache, \
-                             --keep-mapped and --compat set the compat engine, which reads \
-                             into CUDA memory only (--gpu), not --mem",
+                             --keep-mapped, --direct-threshold and --compat set the compat \
+                             engine, which reads into CUDA memory only (--gpu), not --mem",
                         );
                     }
                     read(

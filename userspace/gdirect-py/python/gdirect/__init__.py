@@ -36,7 +36,8 @@ __all__ = [
 #: An asynchronous read or write (``File.pread``, ``File.pwrite``) or batch of them
 #: (``read_batch``, ``write_batch``), started by the package's I/O threads, not a Python thread of
 #: its own. ``get(timeout=None)`` waits for it with the GIL released and returns the bytes moved
-#: (a list, one per request, for a batch) or raises what the first failed request met;
+#: (a list, one per request, for a batch) or raises the error of the first part of it to fail
+#: (a part: one request, or a batch's requests that the engine ran together);
 #: ``done()`` says whether it has ended; ``add_done_callback(fn)`` calls ``fn(future)`` then;
 #: ``await future`` gives what ``get()`` does without blocking the event loop. A future holds
 #: its memory until its requests end: dropped before then, it waits for them. A process made by
@@ -77,7 +78,8 @@ class Report:
     the drive's block size does not divide), ``refused`` (the module refused the memory),
     ``pool_memory`` (from a stream-ordered pool: ``cudaMallocAsync``), ``not_rdma_capable``
     (the CUDA driver says no peer may reach it), or for host memory ``host_memory`` (the
-    compat engine reads and writes it with ``O_DIRECT`` itself). ``memory`` is ``"host"`` or
+    compat engine reads and writes it with ``O_DIRECT`` itself), or ``empty`` for a read or write
+    of 0 bytes of GPU memory (nothing moved). ``memory`` is ``"host"`` or
     ``"cuda:N"``; ``module_bytes`` the bytes the module moved.
     """
 
@@ -452,7 +454,7 @@ class File:
         bytes read (fewer than ``size`` only at the end of the file). The arguments are
         KvikIO's ``CuFile.pread``'s, in its order; ``buf`` is anything ``read`` takes. The
         read is started by the package's I/O threads (no Python thread per request; a ``get()``
-        called first runs it itself), so many can be in
+        without a timeout called first runs it itself), so many can be in
         flight from one thread; the future holds ``buf`` until the read ends. Bad arguments
         raise here; what the read meets, ``get()`` raises."""
         return self._start(buf, True, size, file_offset, buf_offset)
