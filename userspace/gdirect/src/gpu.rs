@@ -205,7 +205,9 @@ impl GpuReader {
     /// Opens `path` once for any number of reads ([`GpuReader::read_into`]): where the module
     /// may serve, an `O_DIRECT` descriptor for it; the compat engine's view of the file (its
     /// descriptors and mapping) when it is first needed, so that a file the module reads costs
-    /// one open. Errors opening the file are reported here either way.
+    /// one open. Errors opening the file are reported here either way. Should the path name
+    /// another file by the time the compat engine first needs it (one renamed over it), that
+    /// read fails with [`Error::OpenFile`] (`ESTALE`) rather than mix the two files.
     pub fn open(&self, path: impl AsRef<Path>) -> Result<GpuFile> {
         let path = path.as_ref().to_path_buf();
         // A file system without O_DIRECT (tmpfs) has no direct transfers to offer: such a
@@ -660,6 +662,14 @@ impl GpuFile {
             return Ok(src);
         }
         let src = Source::open(&self.path)?;
+        // The path may name another file by now (one renamed over it, a saver's atomic
+        // replace): reads through the module and through this view would then mix two files.
+        if self.direct.as_ref().is_some_and(|d| !src.same_file(d)) {
+            return Err(Error::OpenFile {
+                path: self.path.clone(),
+                errno: Errno::ESTALE,
+            });
+        }
         // Two threads may both open it; one view is kept, the other closed.
         Ok(self.src.get_or_init(|| src))
     }

@@ -934,7 +934,8 @@ unsafe impl Backend for CudaBackend {
 
     fn before_read(&self, memory: &CudaSlice<u8>) -> Result<()> {
         // Work queued on the allocation's stream (an asynchronous allocation, a kernel still
-        // reading the old contents) finishes before the workers' streams write it.
+        // reading the old contents), and on other streams that used it (`dest`, called first,
+        // made this stream wait for theirs), finishes before the workers' streams write it.
         memory
             .stream()
             .synchronize()
@@ -1040,6 +1041,10 @@ unsafe impl Lane for CudaLane {
                         what: "pinned staging allocation",
                         error: "null pointer".into(),
                     })?;
+                    // CUDA does not say that its pinned memory comes zeroed: written once here,
+                    // so that the slices `buffer` hands out are initialised bytes.
+                    // SAFETY: `cap` bytes just allocated, which nothing else uses yet.
+                    unsafe { ptr.as_ptr().write_bytes(0, cap) };
                     Pinned {
                         ptr,
                         len: cap,
@@ -1051,8 +1056,9 @@ unsafe impl Lane for CudaLane {
         }
         let b = self.buffers[i].as_ref().map(|b| (b.ptr, b.len));
         Ok(match b {
-            // SAFETY: `len` bytes of our pinned buffer (fresh pages, so initialised), no copy
-            // out of it pending (waited above), borrowed mutably through `&mut self`.
+            // SAFETY: `len` bytes of our pinned buffer (zeroed when allocated, or fresh pages of
+            // an anonymous mapping, so initialised), no copy out of it pending (waited above),
+            // borrowed mutably through `&mut self`.
             Some((ptr, cap)) => unsafe {
                 std::slice::from_raw_parts_mut(ptr.as_ptr(), len.min(cap))
             },

@@ -866,8 +866,10 @@ impl<B: Backend> CompatEngine<B> {
         len: u64,
     ) -> Result<Report> {
         let _entered = self.backend.enter_thread()?;
-        self.backend.before_read(memory)?;
+        // The destination first: taking it orders its stream after the work other streams
+        // queued on the memory (cudarc's events), which `before_read` then waits for too.
         let dest = B::dest(memory);
+        self.backend.before_read(memory)?;
         let r = self.read_input(src, dest, mem_offset, file_offset, len);
         count(r.as_ref().ok());
         r
@@ -901,8 +903,10 @@ impl<B: Backend> CompatEngine<B> {
     ) -> Result<(Report, Vec<SegmentRead>)> {
         disjoint(segments.iter().map(|s| (s.mem_offset, s.len)))?;
         let _entered = self.backend.enter_thread()?;
-        self.backend.before_read(memory)?;
+        // The destination first: taking it orders its stream after the work other streams
+        // queued on the memory (cudarc's events), which `before_read` then waits for too.
         let dest = B::dest(memory);
+        self.backend.before_read(memory)?;
         self.read_segments(segments, vec![dest; segments.len()])
     }
 

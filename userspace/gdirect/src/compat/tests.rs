@@ -697,12 +697,7 @@ fn a_gpu_read_leaves_the_callers_context_as_it_was() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_gpu_write_waits_for_work_queued_on_any_stream() {
-    use cudarc::driver::{sys, CudaContext};
-    // A kernel that spins for `cycles` GPU clocks (hand-written PTX: no compiler needed).
-    const SPIN: &str = ".version 7.0\n.target sm_70\n.address_size 64\n\
-        .visible .entry spin(.param .u64 cycles)\n{\n.reg .u64 %n, %t0, %t1, %d;\n.reg .pred %p;\n\
-        ld.param.u64 %n, [cycles];\nmov.u64 %t0, %clock64;\nLOOP:\nmov.u64 %t1, %clock64;\n\
-        sub.u64 %d, %t1, %t0;\nsetp.lt.u64 %p, %d, %n;\n@%p bra LOOP;\nret;\n}\n\0";
+    use cudarc::driver::CudaContext;
     let f = TempFile::new("wsrc", 8 << 20, 21);
     let ctx = CudaContext::new(0).expect("CUDA context");
     ctx.bind_to_thread().expect("context current");
@@ -711,13 +706,7 @@ fn a_gpu_write_waits_for_work_queued_on_any_stream() {
         .task_size(1 << 20)
         .build(CudaBackend::from_context(ctx.clone()))
         .expect("engine");
-    let (mut module, mut spin) = (std::ptr::null_mut(), std::ptr::null_mut());
-    // SAFETY: a NUL-terminated PTX image; `module` receives the handle.
-    let r = unsafe { sys::cuModuleLoadData(&mut module, SPIN.as_ptr().cast()) };
-    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "loading the spin kernel");
-    // SAFETY: the module just loaded; a NUL-terminated name.
-    let r = unsafe { sys::cuModuleGetFunction(&mut spin, module, c"spin".as_ptr()) };
-    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    let spin = Spin::load();
     let side = ctx.new_stream().expect("a non-blocking stream");
     // The bytes, on the GPU already: the fill is a device-to-device copy, which the host does
     // not wait for (a copy from pageable host memory would make the host wait for the stream).
@@ -728,25 +717,7 @@ fn a_gpu_write_waits_for_work_queued_on_any_stream() {
         side.memcpy_htod(&vec![0xa5u8; f.data.len()], &mut mem)
             .expect("poison");
         side.synchronize().expect("poisoned");
-        let mut cycles: u64 = 1 << 30;
-        let mut params = [(&raw mut cycles).cast::<std::ffi::c_void>()];
-        // SAFETY: the kernel takes one u64 parameter, passed by address; one thread.
-        let r = unsafe {
-            sys::cuLaunchKernel(
-                spin,
-                1,
-                1,
-                1,
-                1,
-                1,
-                1,
-                0,
-                side.cu_stream(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        };
-        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "launching the spin kernel");
+        spin.launch(&side);
         side.memcpy_dtod(&src, &mut mem).expect("the queued fill");
         let ptr = cudarc::driver::DevicePtr::device_ptr(&mem, &side).0;
         let out = std::env::temp_dir().join(format!(
@@ -782,8 +753,113 @@ fn a_gpu_write_waits_for_work_queued_on_any_stream() {
         early != f.data,
         "without the wait the write should have copied the poison: the fill was not still queued"
     );
-    // SAFETY: the module loaded above; its kernel has finished (the stream was synchronized).
-    unsafe { sys::cuModuleUnload(module) };
+}
+
+/// A kernel that spins for about half a second (2^30 GPU clocks; hand-written PTX: no compiler
+/// needed), to keep what is queued behind it on a stream waiting.
+#[cfg(feature = "cuda")]
+struct Spin {
+    module: cudarc::driver::sys::CUmodule,
+    function: cudarc::driver::sys::CUfunction,
+}
+
+#[cfg(feature = "cuda")]
+impl Spin {
+    const PTX: &str = ".version 7.0\n.target sm_70\n.address_size 64\n\
+        .visible .entry spin(.param .u64 cycles)\n{\n.reg .u64 %n, %t0, %t1, %d;\n.reg .pred %p;\n\
+        ld.param.u64 %n, [cycles];\nmov.u64 %t0, %clock64;\nLOOP:\nmov.u64 %t1, %clock64;\n\
+        sub.u64 %d, %t1, %t0;\nsetp.lt.u64 %p, %d, %n;\n@%p bra LOOP;\nret;\n}\n\0";
+
+    /// Loads it into the current context.
+    fn load() -> Self {
+        use cudarc::driver::sys;
+        let (mut module, mut function) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: a NUL-terminated PTX image; `module` receives the handle.
+        let r = unsafe { sys::cuModuleLoadData(&mut module, Self::PTX.as_ptr().cast()) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "loading the spin kernel");
+        // SAFETY: the module just loaded; a NUL-terminated name.
+        let r = unsafe { sys::cuModuleGetFunction(&mut function, module, c"spin".as_ptr()) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        Self { module, function }
+    }
+
+    /// Queues it on `stream`, one thread.
+    fn launch(&self, stream: &cudarc::driver::CudaStream) {
+        use cudarc::driver::sys;
+        let mut cycles: u64 = 1 << 30;
+        let mut params = [(&raw mut cycles).cast::<std::ffi::c_void>()];
+        // SAFETY: the kernel takes one u64 parameter, passed by address (copied at the launch).
+        let r = unsafe {
+            sys::cuLaunchKernel(
+                self.function,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                stream.cu_stream(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "launching the spin kernel");
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Drop for Spin {
+    fn drop(&mut self) {
+        // SAFETY: the module loaded by `load`; the tests synchronize its launches first.
+        unsafe { cudarc::driver::sys::cuModuleUnload(self.module) };
+    }
+}
+
+/// A read into a cudarc slice waits for the work other streams queued on it (cudarc records
+/// it in the slice's events): the slice is filled by a device-to-device copy queued on a
+/// second stream behind a kernel that spins for about half a second, then read into from a
+/// file, and it ends with the file's bytes, not the fill's, which came first. Run on a GPU
+/// machine: `cargo test -p gdirect --features cuda -- --ignored other_streams`.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_gpu_read_waits_for_work_other_streams_queued_on_its_slice() {
+    use cudarc::driver::CudaContext;
+    let f = TempFile::new("rsrc", 8 << 20, 22);
+    let ctx = CudaContext::new(0).expect("CUDA context");
+    ctx.bind_to_thread().expect("context current");
+    let e = CompatEngine::builder()
+        .threads(4)
+        .task_size(1 << 20)
+        .build(CudaBackend::from_context(ctx.clone()))
+        .expect("engine");
+    let spin = Spin::load();
+    let (main, side) = (
+        ctx.default_stream(),
+        ctx.new_stream().expect("a second stream"),
+    );
+    let fill = side
+        .clone_htod(&vec![0x5au8; f.data.len()])
+        .expect("the fill on the GPU");
+    let mut mem = main.alloc_zeros::<u8>(f.data.len()).expect("GPU memory");
+    main.synchronize().expect("allocated");
+    side.synchronize().expect("filled");
+    spin.launch(&side);
+    side.memcpy_dtod(&fill, &mut mem).expect("the queued fill");
+    let src = Source::open(&f.path).expect("open");
+    let r = e
+        .read(&src, &mut mem, 0, 0, f.data.len() as u64)
+        .expect("read");
+    assert_eq!(r.bytes, f.data.len() as u64);
+    ctx.synchronize().expect("every stream's work");
+    let got = main.clone_dtoh(&mem).expect("copied back");
+    let right = got.iter().zip(&f.data).filter(|(a, b)| a == b).count();
+    assert!(
+        got == f.data,
+        "{right} of {} bytes are the file's",
+        f.data.len()
+    );
 }
 
 #[test]

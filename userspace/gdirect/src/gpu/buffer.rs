@@ -35,16 +35,26 @@ impl RdmaFacts {
     pub fn of(ptr: u64) -> Result<Self> {
         cudarc::driver::result::init().map_err(|e| cuda_err("initialisation", e))?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-        // SAFETY: the attribute is a `CUmemoryPool` handle, which `pool` receives. A driver
-        // that does not know the attribute (before CUDA 11.3) has no pools: the handle stays
-        // null.
-        let _ = unsafe {
+        // SAFETY: the attribute is a `CUmemoryPool` handle, which `pool` receives.
+        let asked = unsafe {
             sys::cuPointerGetAttribute(
                 (&raw mut pool).cast(),
                 sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
                 ptr,
             )
         };
+        // A driver that does not know the attribute (before CUDA 11.3) has no pools, and says
+        // CUDA_ERROR_INVALID_VALUE; any other failure leaves the question open, and the
+        // memory is not taken for plain memory (a pool's could outlive its registration).
+        match asked {
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_INVALID_VALUE => {}
+            e => {
+                return Err(cuda_err(
+                    "asking whether the memory is a pool's",
+                    cudarc::driver::DriverError(e),
+                ))
+            }
+        }
         let mut capable: i32 = 0;
         // SAFETY: the attribute is an int (a boolean), which `capable` receives.
         let rdma_capable = unsafe {
