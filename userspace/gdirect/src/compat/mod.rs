@@ -982,10 +982,13 @@ impl<B: Backend> CompatEngine<B> {
             let direct = src.direct_io() && s.task_size % align == 0;
             let align = if direct { align } else { DIRECT_ALIGN };
             let plan = Plan::new(spec.file_offset, want, align, s.task_size, piece);
+            // Keyed by what the file is now, not when it was opened: a file rewritten in place
+            // (truncated, written again) has other pages, and the chunks registered before
+            // pin the old ones, which its page cache no longer holds.
             let mapped = match mode {
-                PageCache::Mapped if want > 0 => {
-                    src.mapping().map(|m| self.mapped_file(src.id(), m))
-                }
+                PageCache::Mapped if want > 0 => src
+                    .mapping()
+                    .map(|m| self.mapped_file(src.current_id().unwrap_or_else(|_| src.id()), m)),
                 _ => None,
             };
             let first = pieces;

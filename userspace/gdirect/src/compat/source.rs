@@ -370,6 +370,8 @@ pub(crate) trait Input: Sync {
     fn direct_failed(&self);
     /// The file's size now.
     fn current_size(&self) -> io::Result<u64>;
+    /// What the file is now (its size and times may have changed since it was opened).
+    fn current_id(&self) -> io::Result<FileId>;
     fn read_at(&self, buf: &mut [u8], off: u64, how: How) -> io::Result<usize>;
     fn resident(&self, range: Range<u64>) -> bool;
     fn mapping(&self) -> Option<&Arc<Mapping>>;
@@ -393,6 +395,9 @@ impl Input for Source {
     }
     fn current_size(&self) -> io::Result<u64> {
         file_id(&self.buffered).map(|id| id.size)
+    }
+    fn current_id(&self) -> io::Result<FileId> {
+        file_id(&self.buffered)
     }
     fn read_at(&self, buf: &mut [u8], off: u64, how: How) -> io::Result<usize> {
         match (how, &self.direct) {

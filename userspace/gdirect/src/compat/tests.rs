@@ -315,6 +315,9 @@ impl Input for Faulty<'_> {
         let size = self.src.current_size()?;
         Ok(self.end.map_or(size, |e| size.min(e)))
     }
+    fn current_id(&self) -> io::Result<source::FileId> {
+        self.src.current_id()
+    }
     fn read_at(&self, buf: &mut [u8], off: u64, how: How) -> io::Result<usize> {
         self.reads.fetch_add(1, Ordering::Relaxed);
         if let Some(d) = self.delay {
@@ -525,6 +528,44 @@ fn mapped_registrations_are_kept_up_to_the_limit_and_released_beyond_it() {
     assert_eq!(none.kept_mapped(), 0, "released after the read");
     let r = check_read(&none, &f, &src, 0, 5 << 20);
     assert_eq!(r.registered_bytes, 5 << 20, "registered again");
+}
+
+/// A file rewritten in place (truncated and written again, through the same open `Source`)
+/// has other pages: the registrations kept from a read before pin the old ones (on a GPU, a
+/// `cuMemHostRegister` of pages the page cache dropped), so the next read registers the file
+/// again rather than copy from them, and gets the new bytes.
+#[test]
+fn kept_mapped_registrations_of_a_file_rewritten_in_place_are_not_reused() {
+    let mut f = TempFile::new("rewrite", 2 << 20, 12);
+    let src = Source::open(&f.path).expect("open");
+    let e = CompatEngine::builder()
+        .threads(2)
+        .task_size(1 << 20)
+        .page_cache(PageCache::Mapped)
+        .keep_mapped(1 << 30)
+        .build_host()
+        .expect("engine");
+    assert_eq!(
+        check_read(&e, &f, &src, 0, 2 << 20).registered_bytes,
+        2 << 20
+    );
+    assert_eq!(
+        check_read(&e, &f, &src, 0, 2 << 20).registered_bytes,
+        0,
+        "kept"
+    );
+    // Rewritten in place: the same inode and size, other bytes, later times.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let mut rng = Rng(13);
+    f.data.iter_mut().for_each(|b| *b = rng.next() as u8);
+    std::fs::write(&f.path, &f.data).expect("rewrite");
+    let r = check_read(&e, &f, &src, 0, 2 << 20);
+    assert_eq!(
+        r.registered_bytes,
+        2 << 20,
+        "registered again, not the old pages"
+    );
+    assert_eq!(e.kept_mapped(), 2 << 20, "the stale registrations released");
 }
 
 #[test]
