@@ -42,7 +42,7 @@ chgrp gdirect /dev/gdirect && chmod 0660 /dev/gdirect
 K=1024
 
 ktap_print_header
-ktap_set_plan 21
+ktap_set_plan 22
 
 _test "ext4 made on $FS_DEV and mounted" _fs_make ext4 "$FS_DEV" "$mnt"
 mkdir -p "$mnt/u" && chown gduser:gduser "$mnt/u"
@@ -78,7 +78,8 @@ out=$(_as_user "ulimit -f 2048; trap '' XFSZ
 	for mode in sync batch; do
 		echo \$mode-at=\$(gdirect-io credwrite \$mode $f \$lim $((64 * K)) | tr '\n' ' ')
 		echo \$mode-across=\$(gdirect-io credwrite \$mode $f \$((lim - 16 * $K)) $((64 * K)) | tr '\n' ' ')
-	done")
+	done
+	echo all-across=\$(gdirect-io credwrite all $f \$((lim - 16 * $K)) $((64 * K)) | tr '\n' ' ')")
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
 lim=$(_kv "$out" limit)
 _test "RLIMIT_FSIZE is set for the user's writes" sh -c "[ '${lim:-0}' -gt 0 ] && [ $((${lim:-0} % (4 * K))) -eq 0 ]"
@@ -89,6 +90,12 @@ for mode in sync batch; do
 	_test "$mode write across the limit: cut at it (16 KiB)" \
 		_expect_eq "$mode-across" "result=$((16 * K))" "$(_kv "$out" "$mode-across" | sed 's/ $//')"
 done
+# The library's write_all_from (what GPU writes through the module use): the write after the
+# cut one fails, EFBIG at the limit, so a short write is never taken for a whole one.
+all=$(echo "$out" | sed -n 's/^all-across=//p')
+_test "write_all_from across the limit: EFBIG where the limit stopped it, SIGXFSZ once" \
+	_expect_eq "all-across" "stopped_at=$lim errno=EFBIG sigxfsz=1" \
+	"$(echo "$all" | grep -o 'stopped_at=[0-9]*\|errno=[A-Z]*\|sigxfsz=[0-9]*' | tr '\n' ' ' | sed 's/ $//')"
 
 # The limit through an exec. gdslow: a null_blk device whose every request takes
 # 2 s (a timer completes it), the module reloaded so that one user may have 1 MiB

@@ -86,9 +86,11 @@
 //!                                 forced through the bounce path); each completion must be
 //!                                 whole; prints the sha256 of the bytes written and of the
 //!                                 bytes read back from DEV
-//!   credwrite sync|batch PATH OFFSET LEN
+//!   credwrite sync|batch|all PATH OFFSET LEN
 //!                                 one write of LEN bytes from registered host memory to PATH
-//!                                 at OFFSET, synchronous or as a batch, as the caller; prints
+//!                                 at OFFSET, synchronous or as a batch, as the caller (all:
+//!                                 `write_all_from`, which writes again after a short write,
+//!                                 and prints `stopped_at=` where a write then failed); prints
 //!                                 `result=BYTES` (read back and compared) or `errno=NAME`,
 //!                                 and `sigxfsz=N`, the SIGXFSZ signals it got
 //!   xfsz-exec exec|stay SLOW FILE LIMIT
@@ -214,8 +216,8 @@ fn main() -> ExitCode {
         }
         Some("credwrite") if args.len() == 5 => {
             match (args[1].as_str(), args[3].parse(), args[4].parse()) {
-                (mode @ ("sync" | "batch"), Ok(offset), Ok(len @ 1..=16777216)) => {
-                    credwrite(mode == "batch", &args[2], offset, len)
+                (mode @ ("sync" | "batch" | "all"), Ok(offset), Ok(len @ 1..=16777216)) => {
+                    credwrite(mode, &args[2], offset, len)
                 }
                 _ => return usage(),
             }
@@ -712,7 +714,7 @@ extern "C" fn on_sigxfsz(_: nix::libc::c_int) {
 /// as a one-entry batch, as whoever runs it (batch_creds.sh compares the two). Prints
 /// `result=BYTES` or `errno=NAME`, and `sigxfsz=` the SIGXFSZ signals it got; the bytes a
 /// write reports are read back and compared.
-fn credwrite(batched: bool, path: &str, offset: u64, len: u64) -> gdirect::Result<()> {
+fn credwrite(mode: &str, path: &str, offset: u64, len: u64) -> gdirect::Result<()> {
     // SIGXFSZ counted, not ignored or fatal: the write past RLIMIT_FSIZE must send it to the
     // submitter (`sigxfsz=` after the result).
     let action = nix::sys::signal::SigAction::new(
@@ -732,7 +734,7 @@ fn credwrite(batched: bool, path: &str, offset: u64, len: u64) -> gdirect::Resul
     mem.write(0, &data);
     let reg = driver.register(&mem)?;
     let file = File::open_direct_rw(path)?;
-    let result = if batched {
+    let result = if mode == "batch" {
         let mut b = Batch::new();
         b.write(&file, &reg, 0, offset, len, 7);
         let queued = driver.submit(&b, 0)?;
@@ -755,7 +757,16 @@ fn credwrite(batched: bool, path: &str, offset: u64, len: u64) -> gdirect::Resul
             }
         }
     } else {
-        match file.write_from(&reg, 0, offset, len) {
+        let written = if mode == "all" {
+            file.write_all_from(&reg, 0, offset, len).inspect_err(|e| {
+                if let Error::FileWrite { offset, .. } = e {
+                    println!("stopped_at={offset}");
+                }
+            })
+        } else {
+            file.write_from(&reg, 0, offset, len)
+        };
+        match written {
             Ok(t) => Ok(t),
             Err(e) => Err(e.errno().ok_or(e)?),
         }

@@ -125,7 +125,8 @@ impl DirectCache {
     }
 
     /// Writes `len` bytes of the memory at `addr` to `file` at `file_offset`, as
-    /// [`read`](Self::read) reads (`file` open for writing).
+    /// [`read`](Self::read) reads (`file` open for writing); all of them, or
+    /// [`Error::FileWrite`] where a write stopped ([`File::write_all_from`]).
     ///
     /// # Safety
     ///
@@ -142,7 +143,7 @@ impl DirectCache {
         // SAFETY: the caller's contract, passed on.
         unsafe {
             self.transfer(alloc, addr, len, vet, |reg, off| {
-                file.write_from(reg, off, file_offset, len)
+                file.write_all_from(reg, off, file_offset, len)
             })
         }
     }

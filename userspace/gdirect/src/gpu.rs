@@ -423,7 +423,9 @@ impl GpuReader {
     /// the module where the file and the memory allow it, the compat engine otherwise (each
     /// piece copied into a pinned buffer of a worker's, then written `O_DIRECT` where aligned,
     /// through the page cache otherwise). Work queued on the memory (the kernel that made the
-    /// bytes) finishes first. Nothing is synced: durability is the caller's `fsync`.
+    /// bytes) finishes first. A write that cannot complete (a file size limit, a full device)
+    /// fails with [`Error::FileWrite`] and the offset it reached, by either path: never a
+    /// short success. Nothing is synced: durability is the caller's `fsync`.
     pub fn write_from<M: GpuMemory + ?Sized>(
         &self,
         file: &GpuSink,
@@ -437,7 +439,7 @@ impl GpuReader {
         let _entered = backend.enter_thread()?;
         let address = buf.prepare(backend)?;
         let module = self.through_module(&buf.reg, file.direct.as_ref(), len, |reg, f| {
-            f.write_from(reg, mem_offset, file_offset, len)
+            f.write_all_from(reg, mem_offset, file_offset, len)
         })?;
         let why = match module {
             Ok(transfer) => {

@@ -506,6 +506,38 @@ impl File {
         self.write_from_with(reg, buf_offset, file_offset, len, IoOptions::new())
     }
 
+    /// Writes all `len` bytes, as [`File::write_from`] does, and again from where a write came
+    /// back short, as `write_all` loops over `write(2)`: the write after a short one says
+    /// why, and fails with [`Error::FileWrite`] (its errno, `EFBIG` at a file size limit,
+    /// `ENOSPC`, and the file offset reached). The other errors are [`File::write_from`]'s.
+    pub fn write_all_from(
+        &self,
+        reg: &Registration<'_>,
+        buf_offset: u64,
+        file_offset: u64,
+        len: u64,
+    ) -> Result<Transfer> {
+        let mut t = self.write_from(reg, buf_offset, file_offset, len)?;
+        while t.bytes < len {
+            let done = t.bytes;
+            let stopped = |errno| Error::FileWrite {
+                path: self.path.clone(),
+                offset: file_offset + done,
+                errno,
+            };
+            match self.write_from(reg, buf_offset + done, file_offset + done, len - done) {
+                Ok(more) if more.bytes > 0 => {
+                    t.bytes += more.bytes;
+                    t.bounce_bytes += more.bounce_bytes;
+                }
+                Ok(_) => return Err(stopped(Errno::ENOSPC)),
+                Err(Error::Io { errno, .. }) => return Err(stopped(errno)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(t)
+    }
+
     /// [`File::write_from`] with options.
     pub fn write_from_with(
         &self,
