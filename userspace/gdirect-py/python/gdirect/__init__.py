@@ -601,7 +601,9 @@ def configure(
     ``GDIRECT_STAGING_SIZE``, ``GDIRECT_KEEP_MAPPED``): worker threads, bytes per I/O (a
     multiple of 4 KiB), the page-cache policy (``auto``, ``direct``, ``buffered``, ``mapped``;
     the engine's writes go ``O_DIRECT`` where aligned with the first two, through the page cache
-    with the others; what the kernel module moves is direct whatever the policy),
+    with the others; what the kernel module moves is direct whatever the policy; ``mapped``
+    into host memory copies out of a mapping of the file, so a file another process truncates
+    meanwhile raises ``SIGBUS``, as NumPy's ``memmap`` would),
     pinned staging bytes per worker (default: twice the task size given here, else the
     environment's), bytes of page-cache registrations kept between reads (``mapped``), and the
     largest piece a worker claims at once. ``None`` keeps the environment's value or the
