@@ -20,7 +20,7 @@ n0=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDIR
 slow=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL" 4) || ktap_exit_fail_msg "no namespace 4 of $GDIRECT_NVME0_SERIAL"
 
 ktap_print_header
-ktap_set_plan 10
+ktap_set_plan 11
 
 out=$(gdirect-io batch "$n0")
 rc=$?
@@ -35,6 +35,9 @@ _test "every entry's bytes are in its slot" _expect_eq mismatched 0 "$(_kv "$out
 _test "REAP with WAIT collected a batch without an eventfd, into poisoned slots, every byte right" \
 	_expect_eq "reaped mismatched" "8 0" "$(_kv "$out" reap_wait_completed) $(_kv "$out" reap_wait_mismatched)"
 _test "REAP with WAIT and nothing in flight returns at once" _expect_eq empty 0 "$(_kv "$line" reap_wait_empty)"
+_test "an entry naming another file's registration is refused (EPERM), the one before it queued" \
+	_expect_eq "first queued again" "1:EPERM 1 1:EPERM" \
+	"$(_kv "$out" foreign_submit) $(_kv "$out" foreign_queued_before) $(_kv "$out" foreign_again)"
 
 out=$(gdirect-io direct-cleared "$slow" 2>&1)
 rc=$?

@@ -10,7 +10,8 @@
 //!                                 emulated GPU memory, random paths; every byte checked against
 //!                                 a buffered read of the same range
 //!   batch DEV                     256-entry batches of reads into GPU memory: in-flight limit,
-//!                                 eventfd notification, reap, every byte checked
+//!                                 eventfd notification, reap, every byte checked; an entry of
+//!                                 another open file's registration refused (`foreign_*=`)
 //!   errors DEV                    each bad transfer's errno, one `case=ERRNO` line each
 //!   revoke DEV [COUNT [bounce]]   free GPU memory while COUNT (default 128, at most 128) 1 MiB
 //!                                 reads into it are in flight (with `bounce`, every one forced
@@ -1198,6 +1199,26 @@ fn batch(dev: &str) -> gdirect::Result<()> {
         }
     }
     println!("reap_wait_completed={waited} reap_wait_mismatched={small_bad}");
+    // An entry naming a registration of another open file: the library refuses it (EPERM,
+    // as the module refuses a handle it did not make) after queuing the entries before it.
+    let other = Driver::open()?;
+    let host = gdirect::HostBuffer::new(LEN as usize)?;
+    let foreign = other.register(&host)?;
+    let mut mixed = Batch::new();
+    mixed
+        .read(&file, &reg, 0, 0, LEN, 1)
+        .read(&file, &foreign, 0, 0, LEN, 2);
+    let refused = |r: gdirect::Result<usize>| match r {
+        Err(Error::Submit { index, errno }) => format!("{index}:{errno:?}"),
+        other => format!("{other:?}"),
+    };
+    let first = refused(driver.submit(&mixed, 0));
+    let queued = driver.reap(2, true)?;
+    let again = refused(driver.submit(&mixed, 1));
+    println!(
+        "foreign_submit={first} foreign_queued_before={} foreign_again={again}",
+        queued.iter().filter(|c| c.user_data == 1).count()
+    );
     Ok(())
 }
 

@@ -703,6 +703,10 @@ fn io_error(
 #[derive(Debug, Default)]
 pub struct Batch<'a> {
     sqes: Vec<sys::gdirect_sqe>,
+    /// The `Driver` of each entry's registration (its address: a registration borrows its
+    /// driver, which cannot move while the batch lives): a handle means something only to the
+    /// file that made it.
+    drivers: Vec<usize>,
     /// The files and registrations the entries name.
     names: std::marker::PhantomData<&'a ()>,
 }
@@ -819,6 +823,7 @@ impl<'a> Batch<'a> {
         user_data: u64,
         options: IoOptions,
     ) -> &mut Self {
+        self.drivers.push(std::ptr::from_ref(reg.driver()) as usize);
         self.sqes.push(sys::gdirect_sqe {
             op,
             flags: options.flags(),
@@ -846,6 +851,7 @@ impl<'a> Batch<'a> {
     /// Removes every entry.
     pub fn clear(&mut self) {
         self.sqes.clear();
+        self.drivers.clear();
     }
 }
 
@@ -879,6 +885,22 @@ impl Driver {
         if count == 0 {
             return Ok(0);
         }
+        // An entry whose registration is another driver's (another open file's) is refused
+        // here, as the module refuses a handle it did not make (the entries before it are
+        // submitted, as the module queues those before a bad entry): its handle could
+        // otherwise name one of this file's registrations.
+        let me = std::ptr::from_ref(self) as usize;
+        let foreign = batch.drivers[start..start + count]
+            .iter()
+            .position(|&d| d != me);
+        let count = foreign.unwrap_or(count);
+        let refused = |at: usize| Error::Submit {
+            index: start + at,
+            errno: Errno::EPERM,
+        };
+        if count == 0 {
+            return Err(refused(0));
+        }
         let mut args = sys::gdirect_submit_args {
             sqes: entries.as_ptr() as u64,
             count: count as u32,
@@ -887,6 +909,7 @@ impl Driver {
         // SAFETY: `args.sqes` points to `count` readable entries that outlive the call; the module
         // copies them and keeps no pointer.
         match unsafe { sys::submit(self.as_raw_fd(), &mut args) } {
+            Ok(_) if foreign.is_some() && args.submitted as usize == count => Err(refused(count)),
             Ok(_) => Ok(args.submitted as usize),
             Err(Errno::EAGAIN) => Ok(0),
             Err(Errno::EXDEV) => Err(self.other_process()),
