@@ -360,14 +360,14 @@ impl Transfer {
             }
             ok => ok,
         }
-            .map(|(bytes, eof, bounce_bytes)| Outcome {
-                bytes,
-                path,
-                reason,
-                transport,
-                eof,
-                bounce_bytes,
-            });
+        .map(|(bytes, eof, bounce_bytes)| Outcome {
+            bytes,
+            path,
+            reason,
+            transport,
+            eof,
+            bounce_bytes,
+        });
         let ns = start.elapsed().as_nanos();
         let moved = result.as_ref().ok().map(|o| (o.bytes, o.bounce_bytes));
         stats::record_io(path, self.dir, reason, moved, ns);

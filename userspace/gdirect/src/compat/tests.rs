@@ -496,17 +496,23 @@ fn a_file_that_ends_early_gives_a_short_read_of_the_bytes_before_its_end() {
     }
 }
 
+/// A host engine of `threads` workers that reads cached data through the file's mapping and
+/// keeps `keep` bytes of its registrations between reads.
+fn mapped_engine(threads: usize, keep: u64) -> CompatEngine<HostBackend> {
+    CompatEngine::builder()
+        .threads(threads)
+        .task_size(1 << 20)
+        .page_cache(PageCache::Mapped)
+        .keep_mapped(keep)
+        .build_host()
+        .expect("engine")
+}
+
 #[test]
 fn mapped_registrations_are_kept_up_to_the_limit_and_released_beyond_it() {
     let f = TempFile::new("keep", 5 << 20, 11);
     let src = Source::open(&f.path).expect("open");
-    let e = CompatEngine::builder()
-        .threads(3)
-        .task_size(1 << 20)
-        .page_cache(PageCache::Mapped)
-        .keep_mapped(1 << 30)
-        .build_host()
-        .expect("engine");
+    let e = mapped_engine(3, 1 << 30);
     let first = check_read(&e, &f, &src, 0, 5 << 20);
     assert_eq!(
         first.registered_bytes,
@@ -517,13 +523,7 @@ fn mapped_registrations_are_kept_up_to_the_limit_and_released_beyond_it() {
     let again = check_read(&e, &f, &src, 4096, 4 << 20);
     assert_eq!(again.registered_bytes, 0, "kept from the first read");
     assert_eq!(again.mapped_bytes, 4 << 20);
-    let none = CompatEngine::builder()
-        .threads(3)
-        .task_size(1 << 20)
-        .page_cache(PageCache::Mapped)
-        .keep_mapped(0)
-        .build_host()
-        .expect("engine");
+    let none = mapped_engine(3, 0);
     check_read(&none, &f, &src, 0, 5 << 20);
     assert_eq!(none.kept_mapped(), 0, "released after the read");
     let r = check_read(&none, &f, &src, 0, 5 << 20);
@@ -538,13 +538,7 @@ fn mapped_registrations_are_kept_up_to_the_limit_and_released_beyond_it() {
 fn kept_mapped_registrations_of_a_file_rewritten_in_place_are_not_reused() {
     let mut f = TempFile::new("rewrite", 2 << 20, 12);
     let src = Source::open(&f.path).expect("open");
-    let e = CompatEngine::builder()
-        .threads(2)
-        .task_size(1 << 20)
-        .page_cache(PageCache::Mapped)
-        .keep_mapped(1 << 30)
-        .build_host()
-        .expect("engine");
+    let e = mapped_engine(2, 1 << 30);
     assert_eq!(
         check_read(&e, &f, &src, 0, 2 << 20).registered_bytes,
         2 << 20
@@ -738,15 +732,8 @@ fn a_gpu_read_leaves_the_callers_context_as_it_was() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_gpu_write_waits_for_work_queued_on_any_stream() {
-    use cudarc::driver::CudaContext;
     let f = TempFile::new("wsrc", 8 << 20, 21);
-    let ctx = CudaContext::new(0).expect("CUDA context");
-    ctx.bind_to_thread().expect("context current");
-    let e = CompatEngine::builder()
-        .threads(4)
-        .task_size(1 << 20)
-        .build(CudaBackend::from_context(ctx.clone()))
-        .expect("engine");
+    let (ctx, e) = gpu_engine();
     let spin = Spin::load();
     let side = ctx.new_stream().expect("a non-blocking stream");
     // The bytes, on the GPU already: the fill is a device-to-device copy, which the host does
@@ -794,6 +781,22 @@ fn a_gpu_write_waits_for_work_queued_on_any_stream() {
         early != f.data,
         "without the wait the write should have copied the poison: the fill was not still queued"
     );
+}
+
+/// CUDA device 0's primary context, current on this thread, and an engine of 4 workers on it.
+#[cfg(feature = "cuda")]
+fn gpu_engine() -> (
+    std::sync::Arc<cudarc::driver::CudaContext>,
+    CompatEngine<CudaBackend>,
+) {
+    let ctx = cudarc::driver::CudaContext::new(0).expect("CUDA context");
+    ctx.bind_to_thread().expect("context current");
+    let e = CompatEngine::builder()
+        .threads(4)
+        .task_size(1 << 20)
+        .build(CudaBackend::from_context(ctx.clone()))
+        .expect("engine");
+    (ctx, e)
 }
 
 /// A kernel that spins for about half a second (2^30 GPU clocks; hand-written PTX: no compiler
@@ -866,15 +869,8 @@ impl Drop for Spin {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_gpu_read_waits_for_work_other_streams_queued_on_its_slice() {
-    use cudarc::driver::CudaContext;
     let f = TempFile::new("rsrc", 8 << 20, 22);
-    let ctx = CudaContext::new(0).expect("CUDA context");
-    ctx.bind_to_thread().expect("context current");
-    let e = CompatEngine::builder()
-        .threads(4)
-        .task_size(1 << 20)
-        .build(CudaBackend::from_context(ctx.clone()))
-        .expect("engine");
+    let (ctx, e) = gpu_engine();
     let spin = Spin::load();
     let (main, side) = (
         ctx.default_stream(),
@@ -999,13 +995,7 @@ fn a_file_that_grew_since_it_was_opened_is_read_to_its_new_end() {
 #[test]
 fn a_changed_file_leaves_no_stale_mapping_in_the_cache() {
     let f = TempFile::new("stale", 3 << 20, 15);
-    let e = CompatEngine::builder()
-        .threads(2)
-        .task_size(1 << 20)
-        .page_cache(PageCache::Mapped)
-        .keep_mapped(1 << 30)
-        .build_host()
-        .expect("engine");
+    let e = mapped_engine(2, 1 << 30);
     let src = Source::open(&f.path).expect("open");
     check_read(&e, &f, &src, 0, 3 << 20);
     assert_eq!(e.kept_mapped(), 3 << 20);
