@@ -194,8 +194,10 @@ class _Export:
             _release_buffer(ctypes.byref(self.view))
 
 
-# Types found to be PyTorch tensors (asked once per type: this runs once per request).
+# Types found to be PyTorch tensors, and types found not to be (asked once per type: this runs
+# once per request).
 _TENSOR_TYPES: set = set()
+_OTHER_TYPES: set = set()
 
 
 def _target(obj: Any, writable: bool = True) -> _Target:
@@ -204,10 +206,11 @@ def _target(obj: Any, writable: bool = True) -> _Target:
     role = "destination" if writable else "source"
     # A PyTorch tensor, on the GPU or the CPU: its storage, by address. (Asked first: a tensor
     # that requires grad raises on __cuda_array_interface__, and a CPU one has no buffer.)
-    if type(obj) in _TENSOR_TYPES or all(
+    kind = type(obj)
+    if kind in _TENSOR_TYPES or kind not in _OTHER_TYPES and all(
         hasattr(obj, a) for a in ("data_ptr", "element_size", "is_contiguous", "numel", "is_cuda")
     ):
-        _TENSOR_TYPES.add(type(obj))
+        _TENSOR_TYPES.add(kind)
         if writable and getattr(obj, "requires_grad", False):
             raise ValueError("the destination tensor requires grad: pass tensor.detach()")
         device = getattr(getattr(obj, "device", None), "type", "cuda" if obj.is_cuda else "cpu")
@@ -221,6 +224,7 @@ def _target(obj: Any, writable: bool = True) -> _Target:
         if obj.is_cuda:
             return _Target("cuda", int(obj.data_ptr()), nbytes, obj, _torch_stream(obj))
         return _Target("host", int(obj.data_ptr()), nbytes, obj)
+    _OTHER_TYPES.add(kind)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         ptr, readonly = cai["data"]
@@ -251,8 +255,9 @@ def _target(obj: Any, writable: bool = True) -> _Target:
     if view.readonly:
         export = _Export(view)
         return _Target("host", int(export.view.buf), view.nbytes, (view, export))
-    arr = (ctypes.c_char * view.nbytes).from_buffer(view)
-    return _Target("host", ctypes.addressof(arr), view.nbytes, (view, arr))
+    # Its first byte, which holds the buffer's export as a whole array of its size would.
+    first = ctypes.c_char.from_buffer(view)
+    return _Target("host", ctypes.addressof(first), view.nbytes, (view, first))
 
 
 # DLPack's C structures (dlpack.h, the unversioned DLManagedTensor of the "dltensor" capsule).
