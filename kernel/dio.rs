@@ -22,6 +22,10 @@ unsafe extern "C" {
     fn gdirect_init_sync_kiocb(kiocb: *mut c_void, file: *mut c_void);
 }
 
+/// `IOCB_APPEND` (`include/linux/fs.h`), which is `RWF_APPEND` of the uapi (`linux/fs.h`, an ABI
+/// value): bindgen cannot evaluate the macro's cast.
+const IOCB_APPEND: i32 = 0x10;
+
 /// The direction of a transfer.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dir {
@@ -63,6 +67,10 @@ pub(crate) fn direct_io(
     if kiocb.ki_flags & bindings::IOCB_DIRECT as i32 == 0 {
         return Err(error::not_direct());
     }
+    // Transfers are positional: a file open with O_APPEND is written at `pos`, as
+    // `pwritev2(RWF_NOAPPEND)` writes, not at its end (where the file size limit, checked
+    // against `pos` for a batch's write, would not apply).
+    kiocb.ki_flags &= !IOCB_APPEND;
     kiocb.ki_pos = pos;
     let direction = match dir {
         Dir::Read => bindings::ITER_DEST,

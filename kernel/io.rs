@@ -209,9 +209,10 @@ impl Target {
 }
 
 /// Whether the data of the regular file `f` may be on another block device than its super
-/// block's: an XFS realtime file (`FS_XFLAG_REALTIME`) keeps it on the file system's realtime
-/// device, which only XFS knows. Only XFS is asked, so other file systems pay nothing; a question
-/// XFS does not answer counts as yes, since the bounce path is right for any device.
+/// block's: on a file system other than ext4 and XFS (btrfs and f2fs may spread a file over
+/// several devices, and `s_bdev` is only one of them), or in an XFS realtime file
+/// (`FS_XFLAG_REALTIME`), kept on the file system's realtime device, which only XFS knows. A
+/// question XFS does not answer counts as yes, since the bounce path is right for any device.
 ///
 /// # Safety
 ///
@@ -221,8 +222,12 @@ unsafe fn data_elsewhere(f: *mut bindings::file) -> bool {
     // static string) live as long as the file.
     unsafe {
         let sb = (*(*f).f_inode).i_sb;
-        if CStr::from_char_ptr((*(*sb).s_type).name) != c"xfs" {
+        let fs = CStr::from_char_ptr((*(*sb).s_type).name);
+        if fs == c"ext4" {
             return false;
+        }
+        if fs != c"xfs" {
+            return true;
         }
         let xflags = gdirect_fileattr_xflags(f.cast());
         xflags < 0 || xflags & i64::from(bindings::FS_XFLAG_REALTIME) != 0

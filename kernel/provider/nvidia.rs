@@ -371,6 +371,11 @@ pub(crate) fn pin<R>(
     if t.pages.is_null() || u64::from(t.entries) * page_size.get() != len {
         return Err(error::provider_unavailable());
     }
+    // A GPU page smaller than the CPU's (4 KiB GPU pages on a kernel of 16 or 64 KiB pages)
+    // cannot be described by whole CPU pages: the pages of a transfer are CPU pages.
+    if page_size.get() % super::PAGE_SIZE as u64 != 0 {
+        return Err(error::provider_unavailable());
+    }
     // Coherent GPU memory, addressed outside any BAR (see the flag's docs): no P2PDMA pages.
     if t.flags & nv_p2p::PAGE_TABLE_FLAGS_CPU_CACHEABLE != 0 {
         return Err(error::no_struct_pages());

@@ -338,7 +338,9 @@ struct gdirect_query_args {
  * is the file system's, made at open. The module reads into, or writes from,
  * [buf_offset, buf_offset + len) of a registration with the file's own direct
  * I/O (read_iter/write_iter over bvecs of the registration's pages), and
- * reports for every request the path the bytes took and why.
+ * reports for every request the path the bytes took and why. Transfers are
+ * positional: a file open with O_APPEND is written at file_offset all the
+ * same, as pwritev2(RWF_NOAPPEND) writes it.
  *
  * Errors of READ, WRITE and of each batch entry, each with one meaning (plus
  * the registration errors ENOENT, ESTALE, EPERM and EKEYREVOKED above):
@@ -416,9 +418,10 @@ enum gdirect_path_reason {
 	 */
 	GDIRECT_REASON_MULTIPATH = 5,
 	/*
-	 * The file's data is not on its file system's block device: an XFS
-	 * realtime file (FS_XFLAG_REALTIME) is on the realtime device, whose
-	 * queue and reach the module cannot check.
+	 * The file's data may not be on its file system's block device: an XFS
+	 * realtime file (FS_XFLAG_REALTIME) is on the realtime device, and a file
+	 * system other than ext4 and XFS (btrfs, f2fs) may spread a file over
+	 * several devices; the module cannot check their queues and reach.
 	 */
 	GDIRECT_REASON_DATA_DEVICE = 6,
 	GDIRECT_REASON_COUNT = 7,

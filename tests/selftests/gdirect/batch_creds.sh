@@ -42,7 +42,7 @@ chgrp gdirect /dev/gdirect && chmod 0660 /dev/gdirect
 K=1024
 
 ktap_print_header
-ktap_set_plan 22
+ktap_set_plan 23
 
 _test "ext4 made on $FS_DEV and mounted" _fs_make ext4 "$FS_DEV" "$mnt"
 mkdir -p "$mnt/u" && chown gduser:gduser "$mnt/u"
@@ -79,7 +79,9 @@ out=$(_as_user "ulimit -f 2048; trap '' XFSZ
 		echo \$mode-at=\$(gdirect-io credwrite \$mode $f \$lim $((64 * K)) | tr '\n' ' ')
 		echo \$mode-across=\$(gdirect-io credwrite \$mode $f \$((lim - 16 * $K)) $((64 * K)) | tr '\n' ' ')
 	done
-	echo all-across=\$(gdirect-io credwrite all $f \$((lim - 16 * $K)) $((64 * K)) | tr '\n' ' ')")
+	echo all-across=\$(gdirect-io credwrite all $f \$((lim - 16 * $K)) $((64 * K)) | tr '\n' ' ')
+	echo append-across=\$(gdirect-io credwrite batch-append $f \$((lim - 16 * $K)) $((64 * K)) | tr '\n' ' ')
+	echo size=\$(stat -c %s $f)")
 ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
 lim=$(_kv "$out" limit)
 _test "RLIMIT_FSIZE is set for the user's writes" sh -c "[ '${lim:-0}' -gt 0 ] && [ $((${lim:-0} % (4 * K))) -eq 0 ]"
@@ -93,6 +95,12 @@ done
 # The library's write_all_from (what GPU writes through the module use): the write after the
 # cut one fails, EFBIG at the limit, so a short write is never taken for a whole one.
 all=$(echo "$out" | sed -n 's/^all-across=//p')
+# A file open with O_APPEND is written where the transfer says, so the limit holds: were it
+# appended at the file's end (the limit, by now), the worker's own unlimited RLIMIT_FSIZE
+# would let it grow past the user's.
+_test "batch write across the limit to an O_APPEND file: at its offset, cut at the limit" \
+	_expect_eq "append-across size" "result=$((16 * K)) $lim" \
+	"$(_kv "$out" append-across | sed 's/ $//') $(_kv "$out" size)"
 _test "write_all_from across the limit: EFBIG where the limit stopped it, SIGXFSZ once" \
 	_expect_eq "all-across" "stopped_at=$lim errno=EFBIG sigxfsz=1" \
 	"$(echo "$all" | grep -o 'stopped_at=[0-9]*\|errno=[A-Z]*\|sigxfsz=[0-9]*' | tr '\n' ' ' | sed 's/ $//')"

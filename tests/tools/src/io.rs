@@ -87,11 +87,12 @@
 //!                                 forced through the bounce path); each completion must be
 //!                                 whole; prints the sha256 of the bytes written and of the
 //!                                 bytes read back from DEV
-//!   credwrite sync|batch|all PATH OFFSET LEN
+//!   credwrite sync|batch|all|batch-append PATH OFFSET LEN
 //!                                 one write of LEN bytes from registered host memory to PATH
 //!                                 at OFFSET, synchronous or as a batch, as the caller (all:
 //!                                 `write_all_from`, which writes again after a short write,
-//!                                 and prints `stopped_at=` where a write then failed); prints
+//!                                 and prints `stopped_at=` where a write then failed;
+//!                                 batch-append: as batch, the file open with O_APPEND); prints
 //!                                 `result=BYTES` (read back and compared) or `errno=NAME`,
 //!                                 and `sigxfsz=N`, the SIGXFSZ signals it got
 //!   xfsz-exec exec|stay SLOW FILE LIMIT
@@ -217,9 +218,11 @@ fn main() -> ExitCode {
         }
         Some("credwrite") if args.len() == 5 => {
             match (args[1].as_str(), args[3].parse(), args[4].parse()) {
-                (mode @ ("sync" | "batch" | "all"), Ok(offset), Ok(len @ 1..=16777216)) => {
-                    credwrite(mode, &args[2], offset, len)
-                }
+                (
+                    mode @ ("sync" | "batch" | "all" | "batch-append"),
+                    Ok(offset),
+                    Ok(len @ 1..=16777216),
+                ) => credwrite(mode, &args[2], offset, len),
                 _ => return usage(),
             }
         }
@@ -734,8 +737,22 @@ fn credwrite(mode: &str, path: &str, offset: u64, len: u64) -> gdirect::Result<(
     let data = pattern(offset ^ len, len as usize);
     mem.write(0, &data);
     let reg = driver.register(&mem)?;
-    let file = File::open_direct_rw(path)?;
-    let result = if mode == "batch" {
+    let file = if mode == "batch-append" {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .custom_flags(nix::libc::O_DIRECT)
+            .open(path)
+            .map(|f| File::from(OwnedFd::from(f)))
+            .map_err(|e| Error::OpenFile {
+                path: path.into(),
+                errno: Errno::from_raw(e.raw_os_error().unwrap_or(5)),
+            })?
+    } else {
+        File::open_direct_rw(path)?
+    };
+    let result = if mode.starts_with("batch") {
         let mut b = Batch::new();
         b.write(&file, &reg, 0, offset, len, 7);
         let queued = driver.submit(&b, 0)?;
