@@ -230,8 +230,14 @@ impl Drop for Registration {
         // Undo the peer mappings; once revoked, the provider's callback undid them.
         let peers = self.shared.take_peers();
         drop(peers);
-        // The share of the pin limits, unless a revocation gave it back already.
-        drop(self.shared.take_account());
+        // The share of the pin limits, unless a revocation gave it back already. GPU pages left
+        // to their driver (orphaned) stay pinned until their memory is freed: their share stays
+        // too, charged to the user and the module, and the free's revocation gives it back, so
+        // that no user holds pages beyond the limits by ending registrations elsewhere.
+        let orphaned = matches!(&self.pinned, Pinned::Nvidia(p) if p.left_to_driver());
+        if !orphaned {
+            drop(self.shared.take_account());
+        }
         stats::REGISTRATIONS.fetch_sub(1, Relaxed);
         stats::BY_PROVIDER[self.provider as usize].fetch_sub(1, Relaxed);
         self.counters.registrations.fetch_sub(1, Relaxed);

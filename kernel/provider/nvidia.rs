@@ -415,6 +415,13 @@ pub(crate) fn pin<R>(
 }
 
 impl NvidiaPages {
+    /// Whether ending the registration here leaves the pages to the driver (orphans them, see
+    /// the module docs): put_pages finds nothing outside the pinning process. They stay pinned,
+    /// and in BAR1, until the memory is freed.
+    pub(crate) fn left_to_driver(&self) -> bool {
+        !self.persistent && self.callback_ref.is_some() && !self.pinner.is_current()
+    }
+
     /// The physical address of page `i`; the caller holds a use of the pages.
     pub(crate) fn phys(&self, i: usize) -> Option<u64> {
         // SAFETY: the table is valid while the pages are in use, and has `entries` pages; `pin`

@@ -861,6 +861,7 @@ fn put_race(rounds: u64, peer: PciAddress, dev: &str) -> gdirect::Result<()> {
     let file = gdirect::File::open_direct(dev)?;
     let before = gpu.info()?;
     let mut by_mode = [0u64; 6];
+    let mut orphans_charged = 0u64;
     let orphaned_before = debugfs::counter("orphaned")?;
     for round in 0..rounds {
         let mode = (round % 6) as usize;
@@ -921,7 +922,23 @@ fn put_race(rounds: u64, peer: PciAddress, dev: &str) -> gdirect::Result<()> {
                 // If the read was over before the UNREGISTER (the throttle lets bursts through),
                 // the registration ended here and put its pages: then no callback is due.
                 expect_callbacks = gpu.info()?.mappings;
-                gpu.free_va(va)
+                // Left to the driver, the pages stay pinned until the free: their share of
+                // max_pinned_bytes stays charged until then, then goes.
+                let held = driver.info()?.pinned_bytes;
+                if expect_callbacks == 1 {
+                    orphans_charged += u64::from(held == 16 * EGPU_PAGE);
+                    check(
+                        "an orphan's pages are charged until the free",
+                        held == 16 * EGPU_PAGE,
+                        || format!("round {round}: {held} bytes pinned"),
+                    );
+                }
+                let r = gpu.free_va(va);
+                let after = driver.info()?.pinned_bytes;
+                check("the free gives the charge back", after == 0, || {
+                    format!("round {round}: {after} bytes pinned after the free")
+                });
+                r
             }
             _ => {
                 let r = std::thread::scope(|s| {
@@ -969,7 +986,7 @@ fn put_race(rounds: u64, peer: PciAddress, dev: &str) -> gdirect::Result<()> {
         by_mode[0], by_mode[1], by_mode[2], by_mode[3], by_mode[4], by_mode[5]
     );
     println!(
-        "puts_unlinked={unlinked} puts_foreign={foreign} orphaned={orphaned} callbacks={}",
+        "puts_unlinked={unlinked} puts_foreign={foreign} orphaned={orphaned} orphans_charged={orphans_charged} callbacks={}",
         after.callbacks - before.callbacks
     );
     check(
