@@ -73,7 +73,7 @@ module! {
         },
         max_pinned_bytes_per_user: u64 {
             default: 32 << 30,
-            description: "Most bytes the registrations of one user (the real uid that opened the device) may pin; 0: only max_pinned_bytes applies (default 32 GiB, half the default max_pinned_bytes: set both when changing one)",
+            description: "Most bytes the registrations of one user (the real uid that opened the device) may pin, half the default max_pinned_bytes by default (set both when changing one); 0: only max_pinned_bytes applies (default 32 GiB)",
         },
         max_registrations: u32 {
             default: 65536,
