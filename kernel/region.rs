@@ -230,12 +230,10 @@ impl Drop for Registration {
         // Undo the peer mappings; once revoked, the provider's callback undid them.
         let peers = self.shared.take_peers();
         drop(peers);
-        // The share of the pin limits, unless a revocation gave it back already. GPU pages left
-        // to their driver (orphaned) stay pinned until their memory is freed: their share stays
-        // too, charged to the user and the module, and the free's revocation gives it back, so
-        // that no user holds pages beyond the limits by ending registrations elsewhere.
-        let orphaned = matches!(&self.pinned, Pinned::Nvidia(p) if p.left_to_driver());
-        if !orphaned {
+        // The share of the pin limits, unless a revocation gave it back already: user pages'
+        // here (they are unpinned next); GPU pages' when they are put or freed (`NvidiaPages`'s
+        // drop), which an end outside the pinning process leaves to the memory's free.
+        if let Pinned::User(_) = &self.pinned {
             drop(self.shared.take_account());
         }
         stats::REGISTRATIONS.fetch_sub(1, Relaxed);

@@ -415,13 +415,6 @@ pub(crate) fn pin<R>(
 }
 
 impl NvidiaPages {
-    /// Whether ending the registration here leaves the pages to the driver (orphans them, see
-    /// the module docs): put_pages finds nothing outside the pinning process. They stay pinned,
-    /// and in BAR1, until the memory is freed.
-    pub(crate) fn left_to_driver(&self) -> bool {
-        !self.persistent && self.callback_ref.is_some() && !self.pinner.is_current()
-    }
-
     /// The physical address of page `i`; the caller holds a use of the pages.
     pub(crate) fn phys(&self, i: usize) -> Option<u64> {
         // SAFETY: the table is valid while the pages are in use, and has `entries` pages; `pin`
@@ -441,6 +434,10 @@ fn printk_ratelimit() -> bool {
     unsafe { bindings::__printk_ratelimit(c"gdirect".as_char_ptr()) != 0 }
 }
 
+/// The registration's share of the pin limits goes back where its pages do: when they are put
+/// here, or (pages left to the driver, or a callback under way) at the free's revocation, which
+/// takes it itself. Pages left to the driver stay pinned, and in BAR1, until the memory is
+/// freed, so their share stays charged until then.
 impl Drop for NvidiaPages {
     fn drop(&mut self) {
         if self.persistent {
@@ -449,9 +446,11 @@ impl Drop for NvidiaPages {
             if ret != 0 && printk_ratelimit() {
                 pr_warn!("nvidia_p2p_put_pages_persistent failed: {ret}\n");
             }
+            drop(self.shared.take_account());
             return;
         }
         let Some(data) = self.callback_ref.take() else {
+            drop(self.shared.take_account());
             return;
         };
         let shared = &self.shared;
@@ -482,6 +481,7 @@ impl Drop for NvidiaPages {
                 == Callback::Putting
             {
                 drop(get_put);
+                drop(shared.take_account());
                 // SAFETY: put and never called back: the callback's reference is ours.
                 drop(unsafe { Arc::from_raw(data.as_ptr()) });
                 return;

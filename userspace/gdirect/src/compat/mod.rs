@@ -968,13 +968,16 @@ impl<B: Backend> CompatEngine<B> {
             // size now (`statx`: the file may have grown since), and so does every read through
             // a mapping (whose pages past a new end must not be touched). Small reads skip that
             // call.
+            // Through a mapping, what the file is now also keys its registrations (below).
             let opened = src.id().size();
-            let size = if mode != PageCache::Mapped
-                && spec.file_offset.saturating_add(spec.len) <= opened
-            {
-                opened
-            } else {
-                src.current_size().unwrap_or(opened)
+            let now = match mode {
+                PageCache::Mapped => src.current_id().ok(),
+                _ => None,
+            };
+            let size = match now {
+                Some(id) => id.size(),
+                None if spec.file_offset.saturating_add(spec.len) <= opened => opened,
+                None => src.current_size().unwrap_or(opened),
             };
             let want = spec.len.min(size.saturating_sub(spec.file_offset));
             let piece = Plan::piece_size(want, s.threads, s.task_size, s.max_piece);
@@ -988,7 +991,7 @@ impl<B: Backend> CompatEngine<B> {
             let mapped = match mode {
                 PageCache::Mapped if want > 0 => src
                     .mapping()
-                    .map(|m| self.mapped_file(src.current_id().unwrap_or_else(|_| src.id()), m)),
+                    .map(|m| self.mapped_file(now.unwrap_or_else(|| src.id()), m)),
                 _ => None,
             };
             let first = pieces;
