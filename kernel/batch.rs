@@ -134,12 +134,10 @@ impl<F: FnOnce() + Send + 'static> WorkItem for Job<F> {
     }
 }
 
-/// Queues `f` on the module's workqueue.
+/// Queues `f` on the module's workqueue. The job is made before the queue's lock is taken, and
+/// where it cannot be made or queued, `f` (a transfer: its file, its registration, whose drop
+/// may end a registration) is dropped with that lock not held.
 fn spawn<F: FnOnce() + Send + 'static>(f: F) -> Result {
-    let queue = QUEUE.lock();
-    let wq = queue.as_ref().ok_or(ENODEV)?;
-    // SAFETY: the workqueue is valid while `QUEUE` holds it, and we hold `QUEUE`'s lock.
-    let q = unsafe { Queue::from_raw(wq.0.as_ptr()) };
     let job = KBox::pin_init(
         pin_init!(Job {
             work <- new_work!("gdirect::batch"),
@@ -148,8 +146,16 @@ fn spawn<F: FnOnce() + Send + 'static>(f: F) -> Result {
         GFP_KERNEL_ACCOUNT,
     )
     .map_err(|_| ENOMEM)?;
-    q.enqueue(job);
-    Ok(())
+    let queue = QUEUE.lock();
+    if let Some(wq) = queue.as_ref() {
+        // SAFETY: the workqueue is valid while `QUEUE` holds it, and we hold `QUEUE`'s lock.
+        let q = unsafe { Queue::from_raw(wq.0.as_ptr()) };
+        q.enqueue(job);
+        return Ok(());
+    }
+    drop(queue);
+    drop(job);
+    Err(ENODEV)
 }
 
 /// A registered eventfd, released when dropped.

@@ -189,6 +189,10 @@ fn main() -> ExitCode {
             Some(rounds) => put_reuse(rounds),
             _ => return usage(),
         },
+        (Some("lock-stall"), _) => match arg(1) {
+            Some(path) => lock_stall(path),
+            _ => return usage(),
+        },
         (Some("callback-locked"), _) => match (num(1), peer(2), arg(3)) {
             (Some(rounds), Some(p), Some(dev)) => callback_locked(rounds, p, dev),
             _ => return usage(),
@@ -1332,6 +1336,92 @@ fn query_stall(peer: PciAddress) -> gdirect::Result<()> {
     }
     let u = reg.unregister();
     check("unregister", u.is_ok(), || format!("{u:?}"));
+    Ok(())
+}
+
+/// A read of FILE (O_DIRECT, ext4 or XFS) into GPU memory that blocks in the file system on
+/// the inode's lock, held by a buffered write to FILE from a page that faults into a
+/// userfaultfd nobody serves yet (as a FUSE-backed page of a stalled process would); meanwhile
+/// the GPU memory is freed. Prints `free_done_while_write_stalled=` (within 5 s) and then
+/// `free_ms=`, the free's time once the fault is served.
+fn lock_stall(path: &str) -> gdirect::Result<()> {
+    use std::sync::mpsc;
+    let fail = |what: &'static str| {
+        move |errno: Errno| Error::Allocation {
+            what: what.into(),
+            errno,
+        }
+    };
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let alloc = gpu.alloc(16 * EGPU_PAGE)?;
+    let va = alloc.va();
+    let reg = driver.register(&alloc)?;
+    let direct = gdirect::File::open_direct(path)?;
+    let buffered = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| {
+            fail("the file, for buffered writes")(Errno::from_raw(e.raw_os_error().unwrap_or(5)))
+        })?;
+    let len = std::num::NonZeroUsize::new(4096).ok_or(fail("a page")(Errno::EINVAL))?;
+    let region = anonymous(len)?;
+    let uffd = uffd_missing(region.as_ptr() as u64, 4096)?;
+    // SAFETY: the page is mapped and readable; the kernel's copy out of it faults into the
+    // userfaultfd first.
+    let page: &[u8] = unsafe { std::slice::from_raw_parts(region.as_ptr().cast(), 4096) };
+    let (free_tx, free_rx) = mpsc::channel();
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| nix::sys::uio::pwrite(&buffered, page, 0));
+        let mut msg = [0u8; 32];
+        let faulted = nix::unistd::read(&uffd, &mut msg).is_ok_and(|n| n == 32);
+        println!("write_faulted={faulted}");
+        let reader = s.spawn(|| {
+            direct
+                .read_into(&reg, 0, 0, 16 * EGPU_PAGE)
+                .map(|t| t.bytes)
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let g = gpu.clone();
+        std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            let r = g.free_va(va);
+            let _ = free_tx.send((r, t0.elapsed()));
+        });
+        let early = free_rx.recv_timeout(Duration::from_secs(5));
+        println!("free_done_while_write_stalled={}", early.is_ok());
+        let mut z = UffdioZeropage {
+            range: UffdioRange {
+                start: region.as_ptr() as u64,
+                len: 4096,
+            },
+            mode: 0,
+            zeropage: 0,
+        };
+        // SAFETY: valid fd and struct; serves the fault the write waits on.
+        let served = unsafe { uffdio_zeropage(uffd.as_raw_fd(), &mut z) };
+        println!("served={}", served.is_ok());
+        let (freed, took) = match early {
+            Ok(x) => x,
+            Err(_) => free_rx
+                .recv()
+                .map_err(|_| fail("the free's report")(Errno::EIO))?,
+        };
+        println!(
+            "free_ms={} free={:?}",
+            took.as_millis(),
+            freed.map(|r| r.callbacks)
+        );
+        let w = writer
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        let r = reader
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        println!("write={w:?} read={:?}", r.map_err(|e| e.to_string()));
+        Ok::<(), Error>(())
+    })?;
+    drop(reg);
     Ok(())
 }
 
