@@ -20,11 +20,34 @@ use crate::error;
 unsafe extern "C" {
     // `shim.c`: `init_sync_kiocb()`; `kiocb` and `file` cross as `void *`.
     fn gdirect_init_sync_kiocb(kiocb: *mut c_void, file: *mut c_void);
+    fn gdirect_fsize_limit() -> u64;
+}
+
+/// The calling task's `RLIMIT_FSIZE` (`u64::MAX` for none).
+pub(crate) fn fsize_limit() -> u64 {
+    // SAFETY: no preconditions.
+    unsafe { gdirect_fsize_limit() }
 }
 
 /// `IOCB_APPEND` (`include/linux/fs.h`), which is `RWF_APPEND` of the uapi (`linux/fs.h`, an ABI
 /// value): bindgen cannot evaluate the macro's cast.
 const IOCB_APPEND: i32 = 0x10;
+
+/// `IOCB_NOWAIT`, likewise `RWF_NOWAIT` of the uapi.
+const IOCB_NOWAIT: i32 = 0x8;
+
+/// Whether a direct I/O may wait in the file system before its data moves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// It may (the block layer's own waits, for a free request, are always allowed).
+    Block,
+    /// `IOCB_NOWAIT`: `EAGAIN` where the file system would wait first, for its inode lock
+    /// (`inode_trylock_shared()` in `ext4_dio_read_iter()`, `xfs_ilock_iocb()`), for dirty page
+    /// cache in the range to be written back (`kiocb_write_and_wait()`), for extents to be read
+    /// in (XFS), or for a write that allocates blocks or extends the file
+    /// (`ext4_dio_write_checks()`, `xfs_direct_write_iomap_begin()`).
+    NoWait,
+}
 
 /// The direction of a transfer.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -45,6 +68,18 @@ impl Dir {
     }
 }
 
+/// A synchronous `kiocb` of `file` at `pos`, its flags the file's.
+fn sync_kiocb(file: &File, pos: u64) -> Result<bindings::kiocb> {
+    let pos = i64::try_from(pos).map_err(|_| EOVERFLOW)?;
+    // SAFETY: `kiocb` is a plain C struct for which all zeros is a valid start; it is then
+    // initialized by the kernel's own function.
+    let mut kiocb: bindings::kiocb = unsafe { core::mem::zeroed() };
+    // SAFETY: `kiocb` is writable; `file` is a valid, referenced file.
+    unsafe { gdirect_init_sync_kiocb((&raw mut kiocb).cast(), file.as_ptr().cast()) };
+    kiocb.ki_pos = pos;
+    Ok(kiocb)
+}
+
 /// One synchronous direct I/O of `len` bytes at `pos` over `bvecs`.
 pub(crate) fn direct_io(
     file: &File,
@@ -52,15 +87,12 @@ pub(crate) fn direct_io(
     pos: u64,
     bvecs: &[bindings::bio_vec],
     len: u64,
+    wait: Wait,
 ) -> Result<u64> {
-    let pos = i64::try_from(pos).map_err(|_| EOVERFLOW)?;
-    // SAFETY: `kiocb` and `iov_iter` are plain C structs for which all zeros is a valid start;
-    // both are then initialized by the kernel's own functions.
-    let mut kiocb: bindings::kiocb = unsafe { core::mem::zeroed() };
-    // SAFETY: as above.
+    let mut kiocb = sync_kiocb(file, pos)?;
+    // SAFETY: `iov_iter` is a plain C struct for which all zeros is a valid start; it is then
+    // initialized by the kernel's own function.
     let mut iter: bindings::iov_iter = unsafe { core::mem::zeroed() };
-    // SAFETY: `kiocb` is writable; `file` is a valid, referenced file.
-    unsafe { gdirect_init_sync_kiocb((&raw mut kiocb).cast(), file.as_ptr().cast()) };
     // The flags are the file's now: `fcntl(F_SETFL)` may have cleared `O_DIRECT` since the
     // request was checked, and this must never become a buffered I/O through the page cache
     // over device memory. (The access mode cannot change after `open`.)
@@ -71,7 +103,9 @@ pub(crate) fn direct_io(
     // `pwritev2(RWF_NOAPPEND)` writes, not at its end (where the file size limit, checked
     // against `pos` for a batch's write, would not apply).
     kiocb.ki_flags &= !IOCB_APPEND;
-    kiocb.ki_pos = pos;
+    if wait == Wait::NoWait {
+        kiocb.ki_flags |= IOCB_NOWAIT;
+    }
     let direction = match dir {
         Dir::Read => bindings::ITER_DEST,
         Dir::Write => bindings::ITER_SOURCE,
@@ -98,4 +132,62 @@ pub(crate) fn direct_io(
         return Err(Error::from_errno(ret as i32));
     }
     Ok(ret as u64)
+}
+
+/// Allocates `len` bytes of `file` at `pos` (`fallocate(2)` with mode 0: unwritten extents, the
+/// file's size extended to `pos + len` where it was smaller), so that a write there is an
+/// overwrite that [`Wait::NoWait`] lets through. Waits for the inode's lock like any
+/// `fallocate`. Only below the caller's file size limit, where the write it prepares is cut
+/// (`generic_write_check_limits()`): an allocation across it would send `SIGXFSZ`, which the
+/// write sends only from the limit on.
+fn allocate(file: &File, pos: u64, len: u64) -> Result {
+    let limit = fsize_limit();
+    if pos >= limit {
+        return Ok(());
+    }
+    let len = len.min(limit - pos);
+    let pos = i64::try_from(pos).map_err(|_| EOVERFLOW)?;
+    let len = i64::try_from(len).map_err(|_| EOVERFLOW)?;
+    // SAFETY: `file` is a valid, referenced file; `vfs_fallocate()` makes the permission and
+    // range checks of the system call.
+    let ret = unsafe { bindings::vfs_fallocate(file.as_ptr(), 0, pos, len) };
+    if ret < 0 {
+        return Err(Error::from_errno(ret));
+    }
+    Ok(())
+}
+
+/// Updates the file's modification and change times, as a write to it is about to
+/// (`file_update_time()`, which writes do before their data: `file_modified()`), so that a
+/// write that follows with [`Wait::NoWait`] has no timestamp to update: XFS refuses that
+/// without waiting for a transaction (`kiocb_modified()`, `xfs_vn_update_time()`), and with
+/// multigrain timestamps nearly every write needs one. Nothing to do where the times are new.
+pub(crate) fn touch(file: &File) -> Result {
+    // SAFETY: `file` is a valid, referenced file; the call takes no lock its caller holds.
+    let ret = unsafe { bindings::file_update_time(file.as_ptr()) };
+    if ret < 0 {
+        return Err(Error::from_errno(ret));
+    }
+    Ok(())
+}
+
+/// Does, with no use of the memory held, what a direct I/O of `len` bytes at `pos` waits for
+/// before its data moves, so that the chunk tried again with [`Wait::NoWait`] finds it done: a
+/// read's range of dirty page cache written back (`kiocb_write_and_wait()`); a write's blocks
+/// allocated ([`allocate`]) and its range of page cache written back and dropped
+/// (`kiocb_invalidate_pages()`). Failures are left for the I/O to meet (tried again, then
+/// through the bounce pool).
+pub(crate) fn settle(file: &File, dir: Dir, pos: u64, len: u64) {
+    let (Ok(mut kiocb), Ok(count)) = (sync_kiocb(file, pos), usize::try_from(len)) else {
+        return;
+    };
+    match dir {
+        // SAFETY: `kiocb` was initialized for `file`, at `pos`.
+        Dir::Read => unsafe { bindings::kiocb_write_and_wait(&mut kiocb, count) },
+        Dir::Write => {
+            let _ = allocate(file, pos, len);
+            // SAFETY: as above.
+            unsafe { bindings::kiocb_invalidate_pages(&mut kiocb, count) }
+        }
+    };
 }

@@ -52,7 +52,10 @@ use crate::{
     bounce,
     dio::{
         direct_io,
-        Dir, //
+        settle,
+        touch,
+        Dir,
+        Wait, //
     },
     error, fabric,
     memory::{
@@ -90,6 +93,13 @@ unsafe extern "C" {
 /// drive, 250 ms on the rig's 32 MB/s namespace), while keeping enough requests in flight per
 /// chunk to fill a drive's queue.
 const DIRECT_CHUNK: u64 = 8 << 20;
+
+/// How many times a chunk refused by the file system for a wait ([`Wait::NoWait`]) has what it
+/// waits for done without a use ([`settle`]) and is tried again before it goes through the
+/// bounce pool. More than once: a write's timestamps, updated right before each try (XFS
+/// refuses to update them without waiting), can be stale again by the time the write looks at
+/// them when the clock ticks in between (the rig saw it once in a few dozen writes).
+const SETTLES: u32 = 3;
 
 /// What a transfer did.
 pub(crate) struct Outcome {
@@ -444,27 +454,68 @@ impl Transfer {
     /// in flight, not for the rest of the transfer, which then fails with `EKEYREVOKED`. The
     /// chunks of all the transfers on one registration stay within `max_in_flight_bytes`, so a
     /// revocation waits for that much storage I/O at most.
+    ///
+    /// A use must never wait on what another task holds: a free waits for it, under the GPU
+    /// driver's lock, so a chunk stalled behind, say, the inode lock of a buffered write whose
+    /// source page faults into a userfaultfd (or a FUSE file) of a stalled process would stall
+    /// every CUDA process on the node. So a regular file's chunk is tried with
+    /// [`Wait::NoWait`] (a write's times updated first, [`touch`]); where the file system would
+    /// wait first (`EAGAIN`), the use is dropped, what it would wait for done without one
+    /// ([`settle`]: dirty page cache written back, a write's blocks allocated, since no file
+    /// system lets an extending or allocating write through without waiting), and the chunk
+    /// tried again, up to [`SETTLES`] times; refused still (its inode lock held, say), it goes
+    /// through the bounce pool, whose file I/O holds no use. Bounced bytes are reported (`bounce_bytes`). A block device's direct I/O
+    /// takes no lock of its file to wait on.
     fn direct(&self) -> Result<(u64, bool, u64)> {
-        let (mut len, mut done) = (self.len, 0);
+        let (mut len, mut done, mut bounced) = (self.len, 0, 0);
+        let wait = if self.target.regular {
+            Wait::NoWait
+        } else {
+            Wait::Block
+        };
         while done < len {
             let mut n = (len - done).min(DIRECT_CHUNK);
-            // The memory's device checked with no use held: a free never waits for a config read
-            // (which a dead link may answer only at its completion timeout).
-            self.owner_present()?;
-            let got = {
-                // Room in the user's share of the storage first, then in the registration's
-                // (what a revocation waits for): neither is held while the other is awaited.
-                let _io = self.reg.user.start_io(n)?;
-                let _use = self.reg.shared.begin_io(n)?;
-                (len, n) = self.limit_first(done, len, n)?;
-                let bvecs = bvecs(&self.reg, self.buf_offset + done, n)?;
-                direct_io(
-                    &self.file,
-                    self.dir,
-                    self.file_offset + done,
-                    bvecs.as_slice(),
-                    n,
-                )
+            let mut settles = 0;
+            let got = loop {
+                if self.dir == Dir::Write && wait == Wait::NoWait {
+                    // The times a write updates first, with no use held. A failure is met
+                    // again by the write.
+                    let _ = touch(&self.file);
+                }
+                // The memory's device checked with no use held: a free never waits for a config
+                // read (which a dead link may answer only at its completion timeout).
+                self.owner_present()?;
+                let got = {
+                    // Room in the user's share of the storage first, then in the
+                    // registration's (what a revocation waits for): neither is held while the
+                    // other is awaited.
+                    let _io = self.reg.user.start_io(n)?;
+                    let _use = self.reg.shared.begin_io(n)?;
+                    (len, n) = self.limit_first(done, len, n)?;
+                    let bvecs = bvecs(&self.reg, self.buf_offset + done, n)?;
+                    let pos = self.file_offset + done;
+                    direct_io(&self.file, self.dir, pos, bvecs.as_slice(), n, wait)
+                };
+                match got {
+                    Err(e) if e == EAGAIN && wait == Wait::NoWait => {
+                        if settles < SETTLES {
+                            settles += 1;
+                            settle(&self.file, self.dir, self.file_offset + done, n);
+                            continue;
+                        }
+                        break None;
+                    }
+                    got => break Some(got),
+                }
+            };
+            let Some(got) = got else {
+                let (to, short) = self.bounce_range(done, done + n)?;
+                bounced += to - done;
+                done = to;
+                if short {
+                    return Ok((done, self.dir == Dir::Read, bounced));
+                }
+                continue;
             };
             // A chunk that failed or claimed bytes while the device went away: ENODEV (a read
             // of a dead BAR may also fail the command, with EIO).
@@ -472,26 +523,33 @@ impl Transfer {
             let got = got?;
             done += got;
             if got < n {
-                return Ok((done, self.dir == Dir::Read, 0));
+                return Ok((done, self.dir == Dir::Read, bounced));
             }
         }
-        Ok((done, false, 0))
+        Ok((done, false, bounced))
     }
 
-    /// Through the bounce pool, one chunk at a time.
+    /// Through the bounce pool.
     fn bounce(&self) -> Result<(u64, bool, u64)> {
+        let (done, short) = self.bounce_range(0, self.len)?;
+        Ok((done, short && self.dir == Dir::Read, done))
+    }
+
+    /// Bytes `start..end` of the transfer through the bounce pool, one chunk at a time. Returns
+    /// where it stopped and whether a chunk came back short there (a read's end of file).
+    fn bounce_range(&self, start: u64, mut end: u64) -> Result<(u64, bool)> {
         let pool = bounce::pool()?;
-        let (mut len, mut done) = (self.len, 0);
-        while done < len {
+        let mut done = start;
+        while done < end {
             let chunk = pool.acquire(&self.reg.user)?;
-            let mut n = (len - done).min(chunk.capacity());
+            let mut n = (end - done).min(chunk.capacity());
             let (pos, buf) = (self.file_offset + done, self.buf_offset + done);
             let moved = match self.dir {
                 Dir::Read => {
                     let bvecs = chunk.bvecs(n)?;
                     let got = {
                         let _io = self.reg.user.start_io(n)?;
-                        direct_io(&self.file, Dir::Read, pos, bvecs.as_slice(), n)?
+                        direct_io(&self.file, Dir::Read, pos, bvecs.as_slice(), n, Wait::Block)?
                     };
                     {
                         let _use = self.reg.shared.begin_use()?;
@@ -515,16 +573,23 @@ impl Transfer {
                     // What a dead BAR returned never reaches the file.
                     self.owner_present()?;
                     let _io = self.reg.user.start_io(n)?;
-                    (len, n) = self.limit_first(done, len, n)?;
+                    (end, n) = self.limit_first(done, end, n)?;
                     let bvecs = chunk.bvecs(n)?;
-                    direct_io(&self.file, Dir::Write, pos, bvecs.as_slice(), n)?
+                    direct_io(
+                        &self.file,
+                        Dir::Write,
+                        pos,
+                        bvecs.as_slice(),
+                        n,
+                        Wait::Block,
+                    )?
                 }
             };
             done += moved;
             if moved < n {
-                return Ok((done, self.dir == Dir::Read, done));
+                return Ok((done, true));
             }
         }
-        Ok((done, false, done))
+        Ok((done, false))
     }
 }

@@ -23,13 +23,14 @@ use kernel::{
     task::Task, //
 };
 
+use crate::dio::fsize_limit;
+
 unsafe extern "C" {
     // `shim.c`: inline functions and macros. Pointers to `cred`, `cgroup_subsys_state` and
     // `mem_cgroup` cross as `void *`.
     fn gdirect_current_cred() -> *const c_void;
     fn gdirect_override_creds(cred: *const c_void) -> *const c_void;
     fn gdirect_revert_creds(cred: *const c_void) -> *const c_void;
-    fn gdirect_fsize_limit() -> u64;
     // `task_struct`'s layout in the bindings is not C's (`layout`): its fields are read in C.
     fn gdirect_task_exec_id(task: *mut c_void) -> u64;
     fn gdirect_current_blkcg_css() -> *mut c_void;
@@ -94,8 +95,7 @@ impl Submitter {
         let blkcg = NonNull::new(unsafe { gdirect_current_blkcg_css() }).map(Blkcg);
         // SAFETY: as above, for `Memcg`.
         let memcg = NonNull::new(unsafe { gdirect_current_memcg() }).map(Memcg);
-        // SAFETY: no preconditions.
-        let fsize = unsafe { gdirect_fsize_limit() } as i64;
+        let fsize = fsize_limit() as i64;
         Self {
             cred,
             task,

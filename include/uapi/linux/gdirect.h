@@ -462,6 +462,18 @@ enum gdirect_transport {
 /*
  * GDIRECT_IOC_READ, GDIRECT_IOC_WRITE: one synchronous transfer between the
  * file at file_offset and the registration at buf_offset.
+ *
+ * On the P2P path the memory is held (a free of it waits) only while its data
+ * moves, never while the file system waits for another task: a regular file's
+ * chunks (8 MiB) are tried without waiting (IOCB_NOWAIT), and a chunk the file
+ * system would wait for first (its inode lock held by another writer, dirty
+ * page cache in the range, XFS extents not yet read in) goes through host
+ * memory instead, counted in bounce_bytes with path still P2P. A write that
+ * must allocate blocks or extend the file (which no file system does without
+ * waiting) has the chunk's blocks allocated first, as fallocate(2) with mode 0
+ * does, with the memory not held, and is tried again (then bounced if the file
+ * system would still wait): a write that then fails may leave the file
+ * extended to the end of that chunk, its unwritten part reading as zeros.
  */
 struct gdirect_io_args {
 	/* in */
@@ -477,7 +489,7 @@ struct gdirect_io_args {
 	__u32 reason; /* enum gdirect_path_reason */
 	__u32 result_flags; /* GDIRECT_RESULT_* */
 	__u32 transport; /* enum gdirect_transport */
-	__u64 bounce_bytes; /* bytes that went through host memory */
+	__u64 bounce_bytes; /* bytes that went through host memory (also on P2P) */
 	/* in, must be 0 */
 	__u64 reserved[2];
 };

@@ -23,7 +23,7 @@ raw=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDI
 MiB=1048576
 
 ktap_print_header
-ktap_set_plan 15
+ktap_set_plan 18
 
 _test "$FS made on $fsdev (a namespace of the switch NVMe) and mounted" _fs_make "$FS" "$fsdev" "$mnt"
 
@@ -69,4 +69,13 @@ short_ok() {
 		_host_compare "gva:$((va + MiB))" nvme0:$((13 * MiB)) 1000
 }
 _test "short: the bytes up to the end are the file's (host check)" short_ok
+# dirty: raw bytes [16 MiB, 20 MiB) written through the page cache and not synced. A direct
+# read waits for their writeback; the module has it done with the GPU memory not held (a chunk
+# tried without waiting is refused while its range is dirty), then reads peer to peer.
+dd if="$raw" of="$mnt/dirty" bs=1M skip=16 count=4 2>/dev/null
+_test "dirty: 4 MiB read of a file whose pages are dirty" _gd_read "$mnt/dirty" --mem egpu
+_test "dirty: peer to peer, none of it through host memory" \
+	_expect_eq "bytes path bounce_bytes" "$((4 * MiB)) p2p 0" "$(_rj .bytes) $(_rj .path) $(_rj .bounce_bytes)"
+_test "dirty: the host finds the file's bytes in GPU memory" \
+	_host_compare "gva:$(_rj .memory.address)" nvme0:$((16 * MiB)) $((4 * MiB))
 _test "the file system unmounts cleanly" umount "$mnt"

@@ -3,8 +3,9 @@
 # The body of write_ext4.sh and write_xfs.sh: sourced after gdirect_common.sh
 # with FS set to ext4 or xfs. Formats a namespace of the switch NVMe and writes
 # 4 MiB from GPU memory (bytes the host knows: a region of the other drive) into
-# three kinds of file: an empty one the write extends, a preallocated one
-# (unwritten extents) and a sparse one (a hole). Each write is checked four
+# four kinds of file: an empty one the write extends, a preallocated one
+# (unwritten extents), a sparse one (a hole) and one whose pages are in the page
+# cache. Each write is checked four
 # ways: its report (bytes, path), QEMU's trace of the drive's DMA judged by the
 # host (the 4 MiB read from the GPU's BAR), the file read back in the guest, and
 # the host, which finds the file's extents (FIEMAP, the file system's own map)
@@ -30,7 +31,7 @@ src_at=$((24 * MiB))
 [ "$FS" = xfs ] && src_at=$((28 * MiB))
 
 ktap_print_header
-ktap_set_plan 17
+ktap_set_plan 22
 
 _test "$FS made on $fsdev and mounted" _fs_make "$FS" "$fsdev" "$mnt"
 dd if="$src_dev" of=/tmp/fs-write-src bs=1M skip=$((src_at / MiB)) count=4 iflag=direct 2>/dev/null
@@ -80,4 +81,11 @@ truncate -s $((16 * MiB)) "$mnt/sparse"
 write_case sparse "$mnt/sparse" $((8 * MiB))
 hole() { [ "$(stat -c %b "$mnt/sparse")" -le $((5 * MiB / 512)) ]; }
 _test "sparse: only the written 4 MiB are allocated ($(stat -c %b "$mnt/sparse") blocks of 512)" hole
+# cached: 8 MiB whose pages are in the page cache (clean). A direct write waits for them to be
+# dropped; the module has that done with the GPU memory not held, then writes peer to peer, and
+# a buffered read afterwards sees the new bytes, not the dropped pages.
+dd if=/dev/zero of="$mnt/cached" bs=1M count=8 2>/dev/null && sync && cat "$mnt/cached" >/dev/null
+write_case cached "$mnt/cached" $((2 * MiB))
+buffered() { dd if="$mnt/cached" bs=1M skip=2 count=4 2>/dev/null | cmp - /tmp/fs-write-src; }
+_test "cached: a buffered read sees the written bytes" buffered
 _test "the file system unmounts cleanly" umount "$mnt"

@@ -66,6 +66,9 @@
 //!                                  holds the GPU driver's lock and runs the free callback
 //!   nopages                        REGISTER of GPU memory without struct pages (egpu nopages=1)
 //!   query-stall PEER               a QUERY whose output buffer faults (userfaultfd, not served)
+//!   lock-stall read|write FILE     a transfer between FILE (ext4 or XFS) and GPU memory meeting
+//!                                  the inode's lock held by a buffered write stalled in a
+//!                                  userfaultfd, and the memory freed meanwhile (see the function)
 //!                                  while the memory is freed: the free must not wait for it
 //!   pin-stall SIZE                 REGISTER of host memory whose last page faults into a
 //!                                  userfaultfd that is never served: `faulted pid=PID` once
@@ -189,8 +192,9 @@ fn main() -> ExitCode {
             Some(rounds) => put_reuse(rounds),
             _ => return usage(),
         },
-        (Some("lock-stall"), _) => match arg(1) {
-            Some(path) => lock_stall(path),
+        (Some("lock-stall"), _) => match (arg(1), arg(2)) {
+            (Some("read"), Some(path)) => lock_stall(path, false),
+            (Some("write"), Some(path)) => lock_stall(path, true),
             _ => return usage(),
         },
         (Some("callback-locked"), _) => match (num(1), peer(2), arg(3)) {
@@ -1209,6 +1213,51 @@ fn uffd_missing(addr: u64, len: u64) -> gdirect::Result<OwnedFd> {
     Ok(uffd)
 }
 
+/// An `Error::Allocation` of `what`, from an errno.
+fn alloc_error(what: &'static str) -> impl Fn(Errno) -> Error {
+    move |errno| Error::Allocation {
+        what: what.into(),
+        errno,
+    }
+}
+
+/// A page of fresh anonymous memory whose first touch faults into a userfaultfd that nobody
+/// serves until [`StalledPage::serve`]: a kernel copy to or from it waits meanwhile, as one
+/// from a page of a stalled FUSE file or of a stalled process's userfaultfd would.
+struct StalledPage {
+    page: std::ptr::NonNull<std::ffi::c_void>,
+    uffd: OwnedFd,
+}
+
+impl StalledPage {
+    fn new() -> gdirect::Result<Self> {
+        let len = std::num::NonZeroUsize::new(4096).ok_or(alloc_error("a page")(Errno::EINVAL))?;
+        let page = anonymous(len)?;
+        let uffd = uffd_missing(page.as_ptr() as u64, 4096)?;
+        Ok(Self { page, uffd })
+    }
+
+    /// Waits for the page's fault: true once a copy is stalled on it.
+    fn faulted(&self) -> bool {
+        let mut msg = [0u8; 32];
+        nix::unistd::read(&self.uffd, &mut msg).is_ok_and(|n| n == 32)
+    }
+
+    /// Serves the fault with a zero page: the stalled copy goes on.
+    fn serve(&self) -> nix::Result<()> {
+        let mut z = UffdioZeropage {
+            range: UffdioRange {
+                start: self.page.as_ptr() as u64,
+                len: 4096,
+            },
+            mode: 0,
+            zeropage: 0,
+        };
+        // SAFETY: a valid userfaultfd and struct; the range is the registered page.
+        unsafe { uffdio_zeropage(self.uffd.as_raw_fd(), &mut z) }.map(|_| ())
+    }
+}
+
 /// A REGISTER of SIZE bytes of host memory whose last page faults into a userfaultfd that is
 /// never served: the pin waits there, as a pin of memory backed by a stalled FUSE file or
 /// userfaultfd handler would. Prints `faulted pid=PID` once the pin is waiting, then waits for
@@ -1262,33 +1311,21 @@ fn pin_stall(size: u64) -> gdirect::Result<()> {
 /// the QUERY is still stuck in its copy; then the fault is served and the QUERY ends.
 fn query_stall(peer: PciAddress) -> gdirect::Result<()> {
     use std::sync::mpsc;
-    let fail = |what: &'static str| {
-        move |errno: Errno| Error::Allocation {
-            what: what.into(),
-            errno,
-        }
-    };
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
     let alloc = gpu.alloc(16 * EGPU_PAGE)?;
     let va = alloc.va();
     let reg = driver.register(&alloc)?;
-    let len = std::num::NonZeroUsize::new(4096).ok_or(fail("a page")(Errno::EINVAL))?;
-    let region = anonymous(len)?;
-    let uffd = uffd_missing(region.as_ptr() as u64, 4096)?;
-    let range = || UffdioRange {
-        start: region.as_ptr() as u64,
-        len: 4096,
-    };
+    let stalled = StalledPage::new()?;
     // SAFETY: the page is mapped, readable and writable, and only written through this slice
     // (by the kernel's copy, which faults into the userfaultfd first).
-    let out: &mut [u64] = unsafe { std::slice::from_raw_parts_mut(region.as_ptr().cast(), 16) };
+    let out: &mut [u64] =
+        unsafe { std::slice::from_raw_parts_mut(stalled.page.as_ptr().cast(), 16) };
     let (free_tx, free_rx) = mpsc::channel();
     let outcome = std::thread::scope(|s| {
         let query = s.spawn(|| reg.query_pages(peer, 0, out).map(|(_, n, _)| n));
         // The QUERY is now in its copy to the page, waiting for the fault to be served.
-        let mut msg = [0u8; 32];
-        let faulted = nix::unistd::read(&uffd, &mut msg).is_ok_and(|n| n == 32);
+        let faulted = stalled.faulted();
         check(
             "the QUERY's copy faults into the userfaultfd",
             faulted,
@@ -1312,13 +1349,7 @@ fn query_stall(peer: PciAddress) -> gdirect::Result<()> {
             Ok(Err(e)) => check("free", false, || e.to_string()),
             Err(_) => {}
         }
-        let mut z = UffdioZeropage {
-            range: range(),
-            mode: 0,
-            zeropage: 0,
-        };
-        // SAFETY: valid fd and struct; serves the fault the QUERY waits on.
-        let served = unsafe { uffdio_zeropage(uffd.as_raw_fd(), &mut z) };
+        let served = stalled.serve();
         check("the fault is served", served.is_ok(), || {
             format!("{served:?}")
         });
@@ -1339,47 +1370,50 @@ fn query_stall(peer: PciAddress) -> gdirect::Result<()> {
     Ok(())
 }
 
-/// A read of FILE (O_DIRECT, ext4 or XFS) into GPU memory that blocks in the file system on
-/// the inode's lock, held by a buffered write to FILE from a page that faults into a
-/// userfaultfd nobody serves yet (as a FUSE-backed page of a stalled process would); meanwhile
-/// the GPU memory is freed. Prints `free_done_while_write_stalled=` (within 5 s) and then
-/// `free_ms=`, the free's time once the fault is served.
-fn lock_stall(path: &str) -> gdirect::Result<()> {
+/// A direct transfer of 64 KiB between FILE (ext4 or XFS; read into GPU memory, or written
+/// from it, extending the file) while a buffered write to FILE holds the inode's lock, stalled
+/// on its source page, which faults into a userfaultfd nobody serves yet (as a page of a stalled
+/// FUSE file would); meanwhile the GPU memory is freed. Prints `write_faulted=` (the stall is
+/// in place), `free_done_while_write_stalled=` (the free returned within 5 s: it waited for no
+/// use of the pages that the stalled lock holds), `free_ms=` (once the fault is served, if not
+/// before), `write=` (the buffered write's result) and `io=` (the transfer's bytes, or the
+/// errno it failed with: `EKEYREVOKED` when the memory was gone before the data moved).
+fn lock_stall(path: &str, write: bool) -> gdirect::Result<()> {
     use std::sync::mpsc;
-    let fail = |what: &'static str| {
-        move |errno: Errno| Error::Allocation {
-            what: what.into(),
-            errno,
-        }
-    };
+    let fail = alloc_error;
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
     let alloc = gpu.alloc(16 * EGPU_PAGE)?;
     let va = alloc.va();
     let reg = driver.register(&alloc)?;
-    let direct = gdirect::File::open_direct(path)?;
+    let direct = if write {
+        gdirect::File::open_direct_rw(path)?
+    } else {
+        gdirect::File::open_direct(path)?
+    };
+    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let buffered = std::fs::OpenOptions::new()
         .write(true)
         .open(path)
         .map_err(|e| {
             fail("the file, for buffered writes")(Errno::from_raw(e.raw_os_error().unwrap_or(5)))
         })?;
-    let len = std::num::NonZeroUsize::new(4096).ok_or(fail("a page")(Errno::EINVAL))?;
-    let region = anonymous(len)?;
-    let uffd = uffd_missing(region.as_ptr() as u64, 4096)?;
+    let stalled = StalledPage::new()?;
     // SAFETY: the page is mapped and readable; the kernel's copy out of it faults into the
     // userfaultfd first.
-    let page: &[u8] = unsafe { std::slice::from_raw_parts(region.as_ptr().cast(), 4096) };
+    let page: &[u8] = unsafe { std::slice::from_raw_parts(stalled.page.as_ptr().cast(), 4096) };
     let (free_tx, free_rx) = mpsc::channel();
     std::thread::scope(|s| {
         let writer = s.spawn(|| nix::sys::uio::pwrite(&buffered, page, 0));
-        let mut msg = [0u8; 32];
-        let faulted = nix::unistd::read(&uffd, &mut msg).is_ok_and(|n| n == 32);
-        println!("write_faulted={faulted}");
-        let reader = s.spawn(|| {
-            direct
-                .read_into(&reg, 0, 0, 16 * EGPU_PAGE)
-                .map(|t| t.bytes)
+        println!("write_faulted={}", stalled.faulted());
+        // A write extends the file: its blocks must be allocated first.
+        let transfer = s.spawn(|| {
+            if write {
+                direct.write_from(&reg, 0, size, 16 * EGPU_PAGE)
+            } else {
+                direct.read_into(&reg, 0, 0, 16 * EGPU_PAGE)
+            }
+            .map(|t| t.bytes)
         });
         std::thread::sleep(Duration::from_millis(300));
         let g = gpu.clone();
@@ -1390,17 +1424,7 @@ fn lock_stall(path: &str) -> gdirect::Result<()> {
         });
         let early = free_rx.recv_timeout(Duration::from_secs(5));
         println!("free_done_while_write_stalled={}", early.is_ok());
-        let mut z = UffdioZeropage {
-            range: UffdioRange {
-                start: region.as_ptr() as u64,
-                len: 4096,
-            },
-            mode: 0,
-            zeropage: 0,
-        };
-        // SAFETY: valid fd and struct; serves the fault the write waits on.
-        let served = unsafe { uffdio_zeropage(uffd.as_raw_fd(), &mut z) };
-        println!("served={}", served.is_ok());
+        println!("served={}", stalled.serve().is_ok());
         let (freed, took) = match early {
             Ok(x) => x,
             Err(_) => free_rx
@@ -1415,10 +1439,20 @@ fn lock_stall(path: &str) -> gdirect::Result<()> {
         let w = writer
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        let r = reader
+        let r = transfer
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        println!("write={w:?} read={:?}", r.map_err(|e| e.to_string()));
+        println!(
+            "write={}",
+            w.map_or_else(|e| e.to_string(), |n| n.to_string())
+        );
+        match r {
+            Ok(n) => println!("io={n}"),
+            Err(e) => match e.errno() {
+                Some(errno) => println!("io={errno:?} error={e}"),
+                None => println!("io=none error={e}"),
+            },
+        }
         Ok::<(), Error>(())
     })?;
     drop(reg);

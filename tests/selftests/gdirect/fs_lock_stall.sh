@@ -1,0 +1,43 @@
+#!/bin/sh
+# SPDX-License-Identifier: GPL-2.0
+#
+# A free of GPU memory never waits on a file system lock that another task holds. A buffered
+# write to a file, whose source page faults into a userfaultfd nobody serves (as a page of a
+# stalled FUSE file would), holds the file's inode lock for as long as its owner likes; a
+# direct read of that file into GPU memory, or a direct write from it (extending the file, so
+# its blocks must be allocated), meets the lock; then the memory is freed. The free waits for
+# the transfer's use of the pages, under the GPU driver's lock that every CUDA process needs:
+# the module must hold no use while the file system waits (it tries each chunk without
+# waiting, and bounces or allocates with no use held). Checked on ext4 and XFS, reads and
+# writes: the free returns while the lock is still held (within 5 s; the emulated GPU's free,
+# not the module, is timed), and the transfer, once the lock is let go, fails with EKEYREVOKED
+# (its memory is gone) rather than moving data. On the old module the free waited until the
+# fault was served (5008 ms: `free_done_while_write_stalled=false`).
+
+. "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
+mnt=/mnt/gdirect-lock-stall
+trap '_unload_all; umount "$mnt" 2>/dev/null' EXIT
+_require_root
+_require_cmd mke2fs mkfs.xfs gdirect-reg
+_load_all || ktap_exit_fail_msg "cannot load the modules"
+
+ktap_print_header
+ktap_set_plan 10
+
+for fs in ext4 xfs; do
+	_fs_setup "$fs"
+	_test "$fs made and mounted" _fs_make "$fs" "$FS_DEV" "$mnt"
+	for dir in read write; do
+		dd if=/dev/urandom of="$mnt/f" bs=1M count=4 status=none && sync
+		out=$(gdirect-reg lock-stall "$dir" "$mnt/f" 2>&1)
+		echo "$out" | while read -r l; do ktap_print_msg "$fs $dir: $l"; done
+		_test "$fs $dir: the free returned while the inode lock was held" \
+			_expect_eq "faulted early" "true true" \
+			"$(_kv "$out" write_faulted) $(_kv "$out" free_done_while_write_stalled)"
+		_test "$fs $dir: the transfer then failed, its memory gone" \
+			_expect_eq io EKEYREVOKED "$(_kv "$out" io)"
+		rm -f "$mnt/f"
+	done
+	umount "$mnt"
+done
+ktap_finished
