@@ -10,11 +10,14 @@
 # measurement to OUT/blocks.jsonl.
 #
 # Usage: tests/bench/blocks.sh [--quick] [--blocks LIST] [--threads LIST] [--no-latency]
-#                              [--dir DIR] [--out DIR]
+#                              [--round-mib M] [--dir DIR] [--out DIR]
 #   --quick        16 threads and 64 KiB only, and the 4 KiB latencies (a first look)
 #   --blocks LIST  block sizes (default "64K 256K 1M 2M"); --threads LIST: issuing threads
 #                  (default "1 4 16 32"): to measure part of the sweep again
 #   --no-latency   leave out the one-thread latencies
+#   --round-mib M  the blocks a round of Python requests moves, in MiB (default 2048, at least
+#                  2048 requests): long enough for a steady rate (512 MiB rounds, 30 ms of
+#                  256 KiB batches, gave each thread two batches), as the Rust engine's 2 s are
 #
 # Needs: the gdirect CLI ($GDIRECT, default target/release/gdirect), python3 with cupy, numpy,
 # the gdirect package and KvikIO importable. Publish: copy OUT/blocks.jsonl to
@@ -22,7 +25,7 @@
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
-quick=0 dir=/var/tmp out=${OUT:-$PWD/bench-out} latency=1
+quick=0 dir=/var/tmp out=${OUT:-$PWD/bench-out} latency=1 round_mib=2048
 blocks="64K 256K 1M 2M" threads="1 4 16 32"
 while [ $# -gt 0 ]; do
 	case $1 in
@@ -30,9 +33,10 @@ while [ $# -gt 0 ]; do
 	--blocks) blocks=$2; shift 2 ;;
 	--threads) threads=$2; shift 2 ;;
 	--no-latency) latency=0; shift ;;
+	--round-mib) round_mib=$2; shift 2 ;;
 	--dir) dir=$2; shift 2 ;;
 	--out) out=$2; shift 2 ;;
-	-h | --help) sed -n '3,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '3,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "blocks.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -46,7 +50,7 @@ say() { printf '%s  %s\n' "$(date +%T)" "$*"; }
 machine="$(nproc) CPUs, kernel $(uname -r)"
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)
 versions=$(python3 -c 'import kvikio, cupy, gdirect; print("gdirect", gdirect.__version__ + ", KvikIO", kvikio.__version__ + ", CuPy", cupy.__version__)') || exit 1
-args="--blocks '$blocks' --threads '$threads'$([ "$latency" = 1 ] || echo ' --no-latency')"
+args="--blocks '$blocks' --threads '$threads'$([ "$latency" = 1 ] || echo ' --no-latency') --round-mib $round_mib"
 python3 - "$machine" "$gpu" "$versions" "${GDIRECT_COMMIT:-unknown}" "$args" >>"$results" <<-'EOF'
 	import datetime, json, sys
 	machine, gpu, versions, commit, args = sys.argv[1:]
@@ -77,8 +81,8 @@ run() {
 	EOF
 }
 py() { python3 "$root/tests/bench/blocks.py" "$@"; }
-# Requests per round: 512 MiB of blocks (at least 2048 requests).
-reqs() { local n=$((512 * 1048576 / $1)); echo $((n < 2048 ? 2048 : n)); }
+# Requests per round: --round-mib of blocks (at least 2048 requests).
+reqs() { local n=$((round_mib * 1048576 / $1)); echo $((n < 2048 ? 2048 : n)); }
 bytes() { numfmt --from=iec "$1"; }
 
 for b in $blocks; do
