@@ -4,9 +4,11 @@
 
 //! The direct-I/O call: one synchronous `vfs_iocb_iter_read`/`_write` of a file over a bvec
 //! iterator, so that raw namespaces and file systems alike work, holes read as zeros, and every
-//! permission check is the file system's. A floor under the data path (`io`) and the
-//! statistics (`stats`, which count by [`Dir`]): it imports only `error`, and takes no lock
-//! (the file system takes its own).
+//! permission check is the file system's; tried without waiting ([`Wait::NoWait`]), and what
+//! the file system would have waited for done apart ([`settle`], [`touch`]), so that the data
+//! path holds device memory only while data moves. A floor under the data path (`io`), the
+//! statistics (`stats`, which count by [`Dir`]) and the submitter (the file size limit): it
+//! imports only `error`, and takes no lock (the file system takes its own).
 
 use core::ffi::c_void;
 use kernel::{

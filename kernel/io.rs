@@ -464,8 +464,14 @@ impl Transfer {
     /// ([`settle`]: dirty page cache written back, a write's blocks allocated, since no file
     /// system lets an extending or allocating write through without waiting), and the chunk
     /// tried again, up to [`SETTLES`] times; refused still (its inode lock held, say), it goes
-    /// through the bounce pool, whose file I/O holds no use. Bounced bytes are reported (`bounce_bytes`). A block device's direct I/O
-    /// takes no lock of its file to wait on.
+    /// through the bounce pool, whose file I/O holds no use. Bounced bytes are reported
+    /// (`bounce_bytes`). A block device's direct I/O takes no lock of its file to wait on.
+    ///
+    /// A short chunk ends a transfer (a read's end of file). A read's chunk tried without
+    /// waiting may have stopped where the file system would have waited (ext4 without direct
+    /// I/O for the file, `data=journal`, reads it through the page cache, and a page cache read
+    /// that would wait stops there): the read goes on from there, and a chunk that moves
+    /// nothing, or ends off a block boundary, ends it.
     fn direct(&self) -> Result<(u64, bool, u64)> {
         let (mut len, mut done, mut bounced) = (self.len, 0, 0);
         let wait = if self.target.regular {
@@ -522,7 +528,15 @@ impl Transfer {
             self.owner_present()?;
             let got = got?;
             done += got;
-            if got < n {
+            // Where a block-aligned count stopped short, a read tried without waiting goes on:
+            // there the file ended or the file system would have waited. (An end of file off a
+            // block boundary is the end: the direct I/O of the rest would not be aligned. A
+            // short write is the writer's to see: a file size limit, a full disk.)
+            let partial = self.dir == Dir::Read
+                && wait == Wait::NoWait
+                && got > 0
+                && got % self.target.logical_block_size == 0;
+            if got < n && !partial {
                 return Ok((done, self.dir == Dir::Read, bounced));
             }
         }
