@@ -16,8 +16,8 @@
 #                  (default "1 4 16 32"): to measure part of the sweep again
 #   --no-latency   leave out the one-thread latencies
 #   --round-mib M  the blocks a round of Python requests moves, in MiB (default 2048, at least
-#                  2048 requests): long enough for a steady rate (512 MiB rounds, 30 ms of
-#                  256 KiB batches, gave each thread two batches), as the Rust engine's 2 s are
+#                  2048 requests; 512 MiB rounds of 256 KiB batches lasted 30 ms, two batches
+#                  a thread)
 #
 # Needs: the gdirect CLI ($GDIRECT, default target/release/gdirect), python3 with cupy, numpy,
 # the gdirect package and KvikIO importable. Publish: copy OUT/blocks.jsonl to
