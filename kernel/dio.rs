@@ -23,6 +23,9 @@ unsafe extern "C" {
     // `shim.c`: `init_sync_kiocb()`; `kiocb` and `file` cross as `void *`.
     fn gdirect_init_sync_kiocb(kiocb: *mut c_void, file: *mut c_void);
     fn gdirect_fsize_limit() -> u64;
+    // `file_start_write()`, `file_end_write()`.
+    fn gdirect_file_start_write(file: *mut c_void);
+    fn gdirect_file_end_write(file: *mut c_void);
 }
 
 /// The calling task's `RLIMIT_FSIZE` (`u64::MAX` for none).
@@ -103,8 +106,17 @@ pub(crate) fn direct_io(
     }
     // Transfers are positional: a file open with O_APPEND is written at `pos`, as
     // `pwritev2(RWF_NOAPPEND)` writes, not at its end (where the file size limit, checked
-    // against `pos` for a batch's write, would not apply).
-    kiocb.ki_flags &= !IOCB_APPEND;
+    // against `pos` for a batch's write, would not apply); and, as that call is, refused for an
+    // append-only inode (`chattr +a`, whose every writable descriptor has O_APPEND): it is
+    // written only at its end (`kiocb_set_rw_flags()`).
+    if kiocb.ki_flags & IOCB_APPEND != 0 {
+        // SAFETY: `file` is a valid, referenced file; its inode lives as long.
+        let flags = unsafe { (*(*file.as_ptr()).f_inode).i_flags };
+        if dir == Dir::Write && flags & bindings::S_APPEND != 0 {
+            return Err(EPERM);
+        }
+        kiocb.ki_flags &= !IOCB_APPEND;
+    }
     if wait == Wait::NoWait {
         kiocb.ki_flags |= IOCB_NOWAIT;
     }
@@ -165,8 +177,15 @@ fn allocate(file: &File, pos: u64, len: u64) -> Result {
 /// without waiting for a transaction (`kiocb_modified()`, `xfs_vn_update_time()`), and with
 /// multigrain timestamps nearly every write needs one. Nothing to do where the times are new.
 pub(crate) fn touch(file: &File) -> Result {
-    // SAFETY: `file` is a valid, referenced file; the call takes no lock its caller holds.
-    let ret = unsafe { bindings::file_update_time(file.as_ptr()) };
+    // SAFETY: `file` is a valid, referenced file. Inside the file system's freeze protection,
+    // as a write's own update is (`file_start_write()`, waiting for a frozen file system to
+    // thaw: the caller holds no use); the calls take no lock the caller holds.
+    let ret = unsafe {
+        gdirect_file_start_write(file.as_ptr().cast());
+        let ret = bindings::file_update_time(file.as_ptr());
+        gdirect_file_end_write(file.as_ptr().cast());
+        ret
+    };
     if ret < 0 {
         return Err(Error::from_errno(ret));
     }

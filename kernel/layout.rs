@@ -62,6 +62,7 @@ const RUST: &[(&str, usize)] = &[
     off!(address_space, "host", host),
     off!(inode, "i_sb", i_sb),
     off!(inode, "i_mode", i_mode),
+    off!(inode, "i_flags", i_flags),
     off!(super_block, "s_bdev", s_bdev),
     off!(super_block, "s_type", s_type),
     off!(file_system_type, "name", name),

@@ -64,6 +64,19 @@ void gdirect_init_sync_kiocb(void *kiocb, void *file)
 	init_sync_kiocb(kiocb, file);
 }
 
+/* file_start_write() and file_end_write() are inline; file: struct file * */
+void gdirect_file_start_write(void *file);
+void gdirect_file_start_write(void *file)
+{
+	file_start_write(file);
+}
+
+void gdirect_file_end_write(void *file);
+void gdirect_file_end_write(void *file)
+{
+	file_end_write(file);
+}
+
 /* pinned_vm of an mm: atomic64_add_return() is inline. */
 /* mm: struct mm_struct * */
 s64 gdirect_mm_pinned_add(void *mm, s64 pages);
@@ -359,6 +372,7 @@ static const struct gdirect_layout gdirect_layout_facts[] = {
 	GD_OFF(address_space, host),
 	GD_OFF(inode, i_sb),
 	GD_OFF(inode, i_mode),
+	GD_OFF(inode, i_flags),
 	GD_OFF(super_block, s_bdev),
 	GD_OFF(super_block, s_type),
 	GD_OFF(file_system_type, name),

@@ -463,17 +463,24 @@ enum gdirect_transport {
  * GDIRECT_IOC_READ, GDIRECT_IOC_WRITE: one synchronous transfer between the
  * file at file_offset and the registration at buf_offset.
  *
- * On the P2P path the memory is held (a free of it waits) only while its data
- * moves, never while the file system waits for another task: a regular file's
- * chunks (8 MiB) are tried without waiting (IOCB_NOWAIT), and a chunk the file
- * system would wait for first (its inode lock held by another writer, dirty
- * page cache in the range, XFS extents not yet read in) goes through host
- * memory instead, counted in bounce_bytes with path still P2P. A write that
- * must allocate blocks or extend the file (which no file system does without
- * waiting) has the chunk's blocks allocated first, as fallocate(2) with mode 0
- * does, with the memory not held, and is tried again (then bounced if the file
- * system would still wait): a write that then fails may leave the file
- * extended to the end of that chunk, its unwritten part reading as zeros.
+ * On the P2P path the memory is held (a free of it waits) while a chunk's
+ * storage I/O runs, not while the file system waits for a lock another task
+ * holds: a regular file's chunks (8 MiB) are tried without waiting
+ * (IOCB_NOWAIT). A chunk the file system would wait for first (its inode lock
+ * held by another writer, dirty page cache in the range, XFS extents not yet
+ * read in, a write that allocates blocks or extends the file) has that done
+ * with the memory not held (the range written back; for a write, its blocks
+ * allocated as fallocate(2) with mode 0 does and its cached pages dropped) and
+ * is tried again, up to 3 times; refused still, it goes through host memory,
+ * counted in bounce_bytes with path still P2P (so do a write's chunks to a
+ * file that ext4 writes through the page cache, data=journal). Short waits
+ * inside the file system (journal or log space, a freeze begun in between,
+ * fanotify permission events) can still come while the memory is held. A
+ * write updates the file's times and, where it extends the file, its size
+ * (the new part reading as zeros) before its data lands: one that fails may
+ * leave them so. A file open with O_APPEND is written at file_offset, as
+ * pwritev2(RWF_NOAPPEND) writes; an append-only one (chattr +a) is refused,
+ * EPERM, as that call refuses it.
  */
 struct gdirect_io_args {
 	/* in */

@@ -21,7 +21,7 @@ cleanup() {
 trap cleanup EXIT
 
 _require_root
-_fs_setup "$FS" gdirect gdirect-io jq fallocate
+_fs_setup "$FS" gdirect gdirect-io jq fallocate chattr sha256sum
 fsdev=$FS_DEV nsid=$_fs_nsid
 _load_all || ktap_exit_fail_msg "cannot load the modules"
 src_dev=$(_nvme_ns_by_serial "$GDIRECT_NVME1_SERIAL") || ktap_exit_fail_msg "no $GDIRECT_NVME1_SERIAL"
@@ -31,7 +31,7 @@ src_at=$((24 * MiB))
 [ "$FS" = xfs ] && src_at=$((28 * MiB))
 
 ktap_print_header
-ktap_set_plan 22
+ktap_set_plan 23
 
 _test "$FS made on $fsdev and mounted" _fs_make "$FS" "$fsdev" "$mnt"
 dd if="$src_dev" of=/tmp/fs-write-src bs=1M skip=$((src_at / MiB)) count=4 iflag=direct 2>/dev/null
@@ -88,4 +88,19 @@ dd if=/dev/zero of="$mnt/cached" bs=1M count=8 2>/dev/null && sync && cat "$mnt/
 write_case cached "$mnt/cached" $((2 * MiB))
 buffered() { dd if="$mnt/cached" bs=1M skip=2 count=4 2>/dev/null | cmp - /tmp/fs-write-src; }
 _test "cached: a buffered read sees the written bytes" buffered
+# append-only (chattr +a): every writable descriptor of it has O_APPEND, and it is written only
+# at its end. The module's writes are positional, as pwritev2(RWF_NOAPPEND)'s, which the kernel
+# refuses for such a file (EPERM): so must the module, and leave the file as it was.
+appendonly() {
+	f=$mnt/appendonly
+	dd if=/dev/urandom of="$f" bs=64K count=1 2>/dev/null && sync && chattr +a "$f" || return 1
+	before=$(sha256sum <"$f")
+	out=$(gdirect-io credwrite batch-append "$f" 0 65536)
+	after=$(sha256sum <"$f")
+	chattr -a "$f"
+	ktap_print_msg "append-only: $(echo $out)"
+	_expect_eq "errno, file unchanged" "EPERM true" \
+		"$(_kv "$out" errno) $([ "$before" = "$after" ] && echo true || echo false)"
+}
+_test "append-only: a write at offset 0 through its O_APPEND descriptor refused (EPERM), the file unchanged" appendonly
 _test "the file system unmounts cleanly" umount "$mnt"
