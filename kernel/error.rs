@@ -50,6 +50,12 @@ pub(crate) fn provider_unavailable() -> Error {
     errno(bindings::EOPNOTSUPP)
 }
 
+/// `EOPNOTSUPP` from a file system: what it does not do so (a write tried without waiting to a
+/// file ext4 writes through the page cache).
+pub(crate) fn fs_unsupported() -> Error {
+    errno(bindings::EOPNOTSUPP)
+}
+
 /// `EBADFD`: the file is not open with `O_DIRECT`.
 pub(crate) fn not_direct() -> Error {
     errno(bindings::EBADFD)

@@ -506,7 +506,11 @@ impl Transfer {
                     // A write to a file ext4 writes through the page cache (`data=journal`: no
                     // direct I/O) refuses to be tried without waiting at all
                     // (`ext4_buffered_write_iter()`): through the bounce pool.
-                    Err(e) if e == EOPNOTSUPP && wait == Wait::NoWait && self.dir == Dir::Write => {
+                    Err(e)
+                        if e == error::fs_unsupported()
+                            && wait == Wait::NoWait
+                            && self.dir == Dir::Write =>
+                    {
                         break None;
                     }
                     Err(e) if e == EAGAIN && wait == Wait::NoWait => {
