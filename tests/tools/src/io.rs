@@ -2130,7 +2130,16 @@ fn revoke(dev: &str, count: u64, bounce: bool) -> gdirect::Result<()> {
     // First the drive must hold some (the block layer's count: a forced bounce can take longer
     // to reach it than the free, on the IOMMU rig, and then the free races nothing); the
     // module's debugfs counter is read just before, and only printed.
-    let disk_reads = wait_disk_reads(dev);
+    let mut disk_reads = wait_disk_reads(dev);
+    // The count rises when the driver starts a request, before it rings the doorbell and before
+    // QEMU takes the command from the queue (in its main loop, behind the vCPUs): a free made at
+    // the count's first sight once began before QEMU's trace showed any command outstanding
+    // (CI, bounce). 20 ms more lets QEMU take them, well inside the time the throttled
+    // namespace (32 MB/s, 31 ms a MiB) takes for the reads queued at once.
+    if disk_reads > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        disk_reads = wait_disk_reads(dev);
+    }
     let in_flight = debugfs::counter("active_transfers")?;
     let report = gpu.free_va(va)?;
     // The free poisoned the memory (EGPU_FREED_POISON): every byte must be that, and stay so
