@@ -96,6 +96,7 @@ use crate::{
         RegisterArgs,
         Sqe,
         StatsArgs,
+        StatsArgsV1,
         SubmitArgs,
         UnregisterArgs, //
     },
@@ -145,13 +146,17 @@ enum Command {
     Reap,
     SetEventfd,
     GetStats,
+    /// `GET_STATS` with its first struct (`_V1`): the same number, another size.
+    GetStatsV1,
     PeerCheck,
 }
 
 impl Command {
-    /// Looks a command up by its number; `ENOTTY` for numbers the ABI does not define.
-    fn from_nr(nr: u32) -> Result<Self> {
-        match nr {
+    /// Looks a command up by its code's number (and, for a number with more than one struct,
+    /// its size); `ENOTTY` for numbers the ABI does not define.
+    fn from_code(cmd: u32) -> Result<Self> {
+        match _IOC_NR(cmd) {
+            0x09 if cmd == uapi::IOC_GET_STATS_V1 => Ok(Self::GetStatsV1),
             0x00 => Ok(Self::GetInfo),
             0x01 => Ok(Self::Register),
             0x02 => Ok(Self::Unregister),
@@ -180,6 +185,7 @@ impl Command {
             Self::Reap => uapi::IOC_REAP,
             Self::SetEventfd => uapi::IOC_SET_EVENTFD,
             Self::GetStats => uapi::IOC_GET_STATS,
+            Self::GetStatsV1 => uapi::IOC_GET_STATS_V1,
             Self::PeerCheck => uapi::IOC_PEER_CHECK,
         }
     }
@@ -213,7 +219,7 @@ impl MiscDevice for GdirectFile {
         if _IOC_TYPE(cmd) != uapi::IOC_MAGIC {
             return Err(ENOTTY);
         }
-        let command = Command::from_nr(_IOC_NR(cmd))?;
+        let command = Command::from_code(cmd)?;
         // A known command with another size or direction: an older or newer struct layout.
         if cmd != command.code() {
             return Err(EINVAL);
@@ -233,6 +239,7 @@ impl MiscDevice for GdirectFile {
             Command::Reap => me.reap(user),
             Command::SetEventfd => me.set_eventfd(user),
             Command::GetStats => get_stats(user),
+            Command::GetStatsV1 => get_stats_v1(user),
             Command::PeerCheck => peer_check(user),
         }
     }
@@ -682,6 +689,31 @@ fn get_stats(user: UserSlice) -> Result<isize> {
     if args.flags != 0 || args.pad != 0 {
         return Err(EINVAL);
     }
+    writer.write(&stats_now())?;
+    Ok(0)
+}
+
+/// `GDIRECT_IOC_GET_STATS_V1`: the counts of `GET_STATS` that its first struct has room for.
+fn get_stats_v1(user: UserSlice) -> Result<isize> {
+    let (mut reader, mut writer) = user.reader_writer();
+    let args: StatsArgsV1 = reader.read()?;
+    if args.flags != 0 || args.pad != 0 {
+        return Err(EINVAL);
+    }
+    let now = stats_now();
+    let mut out = StatsArgsV1 {
+        io: now.io,
+        ..Default::default()
+    };
+    for (o, n) in out.reasons.iter_mut().zip(now.reasons.iter()) {
+        *o = *n;
+    }
+    writer.write(&out)?;
+    Ok(0)
+}
+
+/// The module's counters now, as `GET_STATS` reports them.
+fn stats_now() -> StatsArgs {
     let mut out = StatsArgs::default();
     for (p, row) in stats::IO.iter().enumerate() {
         for (d, c) in row.iter().enumerate() {
@@ -691,8 +723,7 @@ fn get_stats(user: UserSlice) -> Result<isize> {
     for (o, c) in out.reasons.iter_mut().zip(stats::REASONS.iter()) {
         *o = c.load(Relaxed);
     }
-    writer.write(&out)?;
-    Ok(0)
+    out
 }
 
 /// `GDIRECT_IOC_PEER_CHECK`.

@@ -67,6 +67,7 @@ use crate::{
     path::{
         self,
         Facts,
+        Memory,
         Reach, //
     },
     region::Registration,
@@ -244,6 +245,33 @@ unsafe fn data_elsewhere(f: *mut bindings::file) -> bool {
     }
 }
 
+/// Whether the file system does no direct I/O for the regular file `f`, and would serve the
+/// chunks' `IOCB_DIRECT` through the page cache, the CPU copying between it and the memory:
+/// ext4 answers `STATX_DIOALIGN` with alignment 0 for a file whose data it journals
+/// (`data=journal`, `chattr +j`), with fs-verity, inline data, or an encryption policy the block
+/// layer cannot apply (`ext4_dio_alignment()`); XFS answers with its alignment for every file. A
+/// file system that gives no answer, or an error, counts as yes: the bounce path is right for
+/// any file. (Only ext4 and XFS files ask: others are [`data_elsewhere`].)
+///
+/// # Safety
+///
+/// `f` is a valid, referenced regular file.
+unsafe fn no_direct_io(f: *mut bindings::file) -> bool {
+    let mut stat = bindings::kstat::default();
+    // SAFETY: a referenced file's path is valid for as long as the file; `stat` is a local the
+    // file system fills in. No security check: the module asks for its own use, of a file the
+    // caller opened.
+    let err = unsafe {
+        bindings::vfs_getattr_nosec(
+            &raw const (*f).__bindgen_anon_1.f_path,
+            &mut stat,
+            bindings::STATX_DIOALIGN,
+            bindings::AT_STATX_DONT_SYNC,
+        )
+    };
+    err != 0 || stat.result_mask & bindings::STATX_DIOALIGN == 0 || stat.dio_mem_align == 0
+}
+
 /// A validated transfer, ready to run (now, or on the module's workqueue).
 pub(crate) struct Transfer {
     dir: Dir,
@@ -403,10 +431,18 @@ impl Transfer {
         };
         // SAFETY: the queue of an open file's block device outlives the file.
         let queue_p2p = unsafe { queue_takes_p2p(target.queue) };
+        // Asked only where the answer can matter (a file's journal mode may change at any time:
+        // asked as each transfer starts, not when it was checked).
+        let no_direct_io = memory == Memory::DevicePages
+            && target.regular
+            && !target.data_elsewhere
+            // SAFETY: the transfer holds its file, a regular file.
+            && unsafe { no_direct_io(self.file.as_ptr()) };
         let (path, reason) = path::decide(Facts {
             force_bounce: self.force_bounce,
             memory,
             data_elsewhere: target.data_elsewhere,
+            no_direct_io,
             queue_p2p,
             path_p2p: target.paths.as_ref().is_some_and(|p| p.p2p > 0),
             reach,
@@ -469,9 +505,10 @@ impl Transfer {
     ///
     /// A short chunk ends a transfer (a read's end of file). A read's chunk tried without
     /// waiting may have stopped where the file system would have waited (ext4 without direct
-    /// I/O for the file, `data=journal`, reads it through the page cache, and a page cache read
-    /// that would wait stops there): the read goes on from there, and a chunk that moves
-    /// nothing, or ends off a block boundary, ends it.
+    /// I/O for the file reads it through the page cache, and a page cache read that would wait
+    /// stops there): the read goes on from there, and a chunk that moves nothing, or ends off
+    /// a block boundary, ends it. (Such a file bounces whole, [`no_direct_io`]: this is for one
+    /// whose journal mode changed, `chattr +j`, after its transfer's path was chosen.)
     fn direct(&self) -> Result<(u64, bool, u64)> {
         let (mut len, mut done, mut bounced) = (self.len, 0, 0);
         let wait = if self.target.regular {
@@ -503,8 +540,9 @@ impl Transfer {
                     direct_io(&self.file, self.dir, pos, bvecs.as_slice(), n, wait)
                 };
                 match got {
-                    // A write to a file ext4 writes through the page cache (`data=journal`: no
-                    // direct I/O) refuses to be tried without waiting at all
+                    // A write to a file ext4 writes through the page cache (no direct I/O:
+                    // its journal mode changed, `chattr +j`, after the path was chosen, see
+                    // [`no_direct_io`]) refuses to be tried without waiting at all
                     // (`ext4_buffered_write_iter()`): through the bounce pool.
                     Err(e)
                         if e == error::fs_unsupported()

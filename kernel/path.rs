@@ -31,6 +31,8 @@ pub(crate) const REASON_NO_PAGES: u32 = 4;
 pub(crate) const REASON_MULTIPATH: u32 = 5;
 /// `GDIRECT_REASON_DATA_DEVICE`.
 pub(crate) const REASON_DATA_DEVICE: u32 = 6;
+/// `GDIRECT_REASON_NO_DIRECT_IO`.
+pub(crate) const REASON_NO_DIRECT_IO: u32 = 7;
 
 /// What the registered memory is, as far as the decision goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +68,9 @@ pub(crate) struct Facts {
     /// The file's data is not on the block device the other facts are about (an XFS realtime
     /// file is on the realtime device, which the module cannot find).
     pub(crate) data_elsewhere: bool,
+    /// The file system does no direct I/O for the file (its `STATX_DIOALIGN` alignment is 0):
+    /// its direct I/O goes through the page cache, and the CPU would copy into the memory.
+    pub(crate) no_direct_io: bool,
     /// The file's block queue has `BLK_FEAT_PCI_P2PDMA`.
     pub(crate) queue_p2p: bool,
     /// The file's queue is an NVMe multipath head's, and at least one of its paths' queues has
@@ -81,7 +86,8 @@ pub(crate) struct Facts {
 /// reaches the memory (or, for a queue with no PCI device below it, its driver will check the
 /// reach when it maps the pages and fail rather than corrupt); the first missing condition is
 /// the reason for the bounce. A file whose data is on a device the facts are not about bounces
-/// (nothing is known of that device's queue or reach). A multipath head that refuses P2P pages although one of its paths
+/// (nothing is known of that device's queue or reach), and so does a file its file system does
+/// no direct I/O for (peer to peer, the CPU would copy the page cache into the memory, unseen). A multipath head that refuses P2P pages although one of its paths
 /// would take them bounces for the reason `multipath`: the head, not the hardware, is in the way.
 pub(crate) fn decide(f: Facts) -> (u32, u32) {
     if f.force_bounce {
@@ -94,6 +100,9 @@ pub(crate) fn decide(f: Facts) -> (u32, u32) {
     }
     if f.data_elsewhere {
         return (PATH_BOUNCE, REASON_DATA_DEVICE);
+    }
+    if f.no_direct_io {
+        return (PATH_BOUNCE, REASON_NO_DIRECT_IO);
     }
     if !f.queue_p2p {
         return match f.path_p2p {

@@ -159,6 +159,7 @@ pub(crate) const REASON_NAMES: [&str; uapi::REASON_COUNT as usize] = [
     "no_pages",
     "multipath",
     "data_device",
+    "no_direct_io",
 ];
 
 fn write_stats(_: &(), f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -58,7 +58,9 @@ pub(crate) const MAP_HOST_MEMORY: u32 = 3;
 pub(crate) const PATH_COUNT: u32 = 3;
 
 /// `GDIRECT_REASON_COUNT`.
-pub(crate) const REASON_COUNT: u32 = 7;
+pub(crate) const REASON_COUNT: u32 = 8;
+/// `GDIRECT_REASON_COUNT_V1`.
+pub(crate) const REASON_COUNT_V1: u32 = 7;
 
 /// `GDIRECT_TRANSPORT_UNKNOWN`.
 pub(crate) const TRANSPORT_UNKNOWN: u32 = 0;
@@ -282,13 +284,29 @@ uapi_struct! {
 
 uapi_struct! {
     /// Arguments of `GDIRECT_IOC_GET_STATS`.
-    pub(crate) struct StatsArgs: gdirect_stats_args, size 1216 {
+    pub(crate) struct StatsArgs: gdirect_stats_args, size 1224 {
+        flags @ 0: u32,
+        pad @ 4: u32,
+        io @ 8: [[IoStats; 2]; 3],
+        reasons @ 1160: [u64; 8],
+    }
+}
+
+uapi_struct! {
+    /// Arguments of `GDIRECT_IOC_GET_STATS_V1`.
+    pub(crate) struct StatsArgsV1: gdirect_stats_args_v1, size 1216 {
         flags @ 0: u32,
         pad @ 4: u32,
         io @ 8: [[IoStats; 2]; 3],
         reasons @ 1160: [u64; 7],
     }
 }
+
+// The first struct's reasons are the first `REASON_COUNT_V1` of the current one's.
+kernel::static_assert!(
+    core::mem::size_of::<StatsArgsV1>() + 8 * (REASON_COUNT - REASON_COUNT_V1) as usize
+        == core::mem::size_of::<StatsArgs>()
+);
 
 uapi_struct! {
     /// Arguments of `GDIRECT_IOC_PEER_CHECK`.
@@ -324,5 +342,7 @@ pub(crate) const IOC_REAP: u32 = _IOWR::<ReapArgs>(IOC_MAGIC, 0x07);
 pub(crate) const IOC_SET_EVENTFD: u32 = _IOW::<EventfdArgs>(IOC_MAGIC, 0x08);
 /// `GDIRECT_IOC_GET_STATS`.
 pub(crate) const IOC_GET_STATS: u32 = _IOWR::<StatsArgs>(IOC_MAGIC, 0x09);
+/// `GDIRECT_IOC_GET_STATS_V1`.
+pub(crate) const IOC_GET_STATS_V1: u32 = _IOWR::<StatsArgsV1>(IOC_MAGIC, 0x09);
 /// `GDIRECT_IOC_PEER_CHECK`.
 pub(crate) const IOC_PEER_CHECK: u32 = _IOWR::<PeerArgs>(IOC_MAGIC, 0x0a);

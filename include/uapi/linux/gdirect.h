@@ -424,7 +424,20 @@ enum gdirect_path_reason {
 	 * several devices; the module cannot check their queues and reach.
 	 */
 	GDIRECT_REASON_DATA_DEVICE = 6,
-	GDIRECT_REASON_COUNT = 7,
+	/*
+	 * The file system does no direct I/O for this file: ext4 in data=journal
+	 * mode or with the file's journal-data attribute (chattr +j), a file
+	 * with fs-verity, inline data or an encryption policy the block layer
+	 * cannot apply (statx(2) reports STATX_DIOALIGN with dio_mem_align 0).
+	 * Its direct reads and writes go through the page cache, so that peer to
+	 * peer the CPU would copy between the page cache and GPU memory; the
+	 * bounce pool does that copy in host memory instead, and says so. Checked
+	 * when each transfer starts: a file whose journal mode changes in the
+	 * middle of a transfer may still have its last chunks copied by the file
+	 * system. Not in GDIRECT_IOC_GET_STATS_V1's counts.
+	 */
+	GDIRECT_REASON_NO_DIRECT_IO = 7,
+	GDIRECT_REASON_COUNT = 8,
 };
 
 /*
@@ -472,8 +485,9 @@ enum gdirect_transport {
  * with the memory not held (the range written back; for a write, its blocks
  * allocated as fallocate(2) with mode 0 does and its cached pages dropped) and
  * is tried again, up to 3 times; refused still, it goes through host memory,
- * counted in bounce_bytes with path still P2P (so do a write's chunks to a
- * file that ext4 writes through the page cache, data=journal). Short waits
+ * counted in bounce_bytes with path still P2P (so do the chunks of a file
+ * that turned to journalling its data after its transfer started; one that
+ * did so before bounces whole, GDIRECT_REASON_NO_DIRECT_IO). Short waits
  * inside the file system (journal or log space, a freeze begun in between,
  * fanotify permission events) can still come while the memory is held. A
  * write updates the file's times and, where it extends the file, its size
@@ -628,8 +642,9 @@ struct gdirect_eventfd_args {
  * user's. (A user's own share is in its library's per-call reports.)
  *
  * The struct has no reserved room: a path or reason added later comes with a
- * new command (its size is in the command number), and this one keeps
- * answering with the counts it has now.
+ * larger struct, so a new command code (its size is in the code), and the
+ * module keeps answering the older ones with the counts they have
+ * (GDIRECT_IOC_GET_STATS_V1 below).
  *
  * A transfer that fails before its path is chosen (its device gone, ENODEV;
  * its registration revoked, EKEYREVOKED) is in no path's counts; its batch
@@ -655,6 +670,27 @@ struct gdirect_stats_args {
 };
 
 #define GDIRECT_IOC_GET_STATS _IOWR(GDIRECT_IOC_MAGIC, 0x09, struct gdirect_stats_args)
+
+/*
+ * GDIRECT_IOC_GET_STATS_V1: the same command with its first struct, from
+ * before GDIRECT_REASON_NO_DIRECT_IO (the number is the same, the size in the
+ * command code differs): the counts of the first GDIRECT_REASON_COUNT_V1
+ * reasons. Still answered, for programs built against that header; a program
+ * built against this one may fall back to it on EINVAL (a module older than
+ * this header).
+ */
+#define GDIRECT_REASON_COUNT_V1 7
+
+struct gdirect_stats_args_v1 {
+	/* in */
+	__u32 flags; /* must be 0 */
+	__u32 pad; /* must be 0 */
+	/* out: as in struct gdirect_stats_args */
+	struct gdirect_io_stats io[GDIRECT_PATH_COUNT][2];
+	__u64 reasons[GDIRECT_REASON_COUNT_V1];
+};
+
+#define GDIRECT_IOC_GET_STATS_V1 _IOWR(GDIRECT_IOC_MAGIC, 0x09, struct gdirect_stats_args_v1)
 
 /*
  * GDIRECT_IOC_PEER_CHECK: the kernel's PCI P2PDMA verdict for a pair of PCI

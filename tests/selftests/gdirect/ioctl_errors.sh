@@ -35,6 +35,9 @@ peer-flags EINVAL
 peer-reserved EINVAL
 peer-nodev ENODEV
 peer-bdf-range ENODEV
+stats OK
+stats-v1-flags EINVAL
+stats-mid-size EINVAL
 "
 
 ktap_print_header

@@ -4,7 +4,7 @@
 use gdirect::raw;
 
 /// `(name, ioctl code)` of each command of `include/uapi/linux/gdirect.h`.
-pub const ALL: [(&str, u32); 11] = [
+pub const ALL: [(&str, u32); 12] = [
     ("GET_INFO", raw::GDIRECT_IOC_GET_INFO),
     ("REGISTER", raw::GDIRECT_IOC_REGISTER),
     ("UNREGISTER", raw::GDIRECT_IOC_UNREGISTER),
@@ -15,5 +15,6 @@ pub const ALL: [(&str, u32); 11] = [
     ("REAP", raw::GDIRECT_IOC_REAP),
     ("SET_EVENTFD", raw::GDIRECT_IOC_SET_EVENTFD),
     ("GET_STATS", raw::GDIRECT_IOC_GET_STATS),
+    ("GET_STATS_V1", raw::GDIRECT_IOC_GET_STATS_V1),
     ("PEER_CHECK", raw::GDIRECT_IOC_PEER_CHECK),
 ];

@@ -150,11 +150,15 @@ struct World {
 }
 
 /// Room for any command's argument struct (the kernel copies the command's size both ways).
-const ARGS_MAX: usize = 256;
+/// (256 bytes until GET_STATS, whose 1216 or 1224 bytes the module would have written past it
+/// had a fuzzed GET_STATS ever been well-formed.)
+const ARGS_MAX: usize = 2048;
 const _: () = assert!(
     size_of::<raw::gdirect_register_args>() <= ARGS_MAX
         && size_of::<raw::gdirect_io_args>() <= ARGS_MAX
         && size_of::<raw::gdirect_unregister_args>() <= ARGS_MAX
+        && size_of::<raw::gdirect_stats_args>() <= ARGS_MAX
+        && size_of::<raw::gdirect_stats_args_v1>() <= ARGS_MAX
 );
 
 /// What the helper child owns: its descriptor number, registration handles, and the

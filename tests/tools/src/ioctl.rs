@@ -16,7 +16,8 @@ use std::{
 };
 
 use gdirect::raw::{
-    gdirect_info_args, gdirect_peer_args, GDIRECT_IOC_GET_INFO, GDIRECT_IOC_MAGIC,
+    gdirect_info_args, gdirect_peer_args, gdirect_stats_args, gdirect_stats_args_v1,
+    GDIRECT_IOC_GET_INFO, GDIRECT_IOC_GET_STATS, GDIRECT_IOC_GET_STATS_V1, GDIRECT_IOC_MAGIC,
     GDIRECT_IOC_PEER_CHECK,
 };
 use nix::{
@@ -48,7 +49,11 @@ const CASES: &str = "\
   peer-flags      PEER_CHECK with flags = 1                         (expect EINVAL)
   peer-reserved   PEER_CHECK with reserved = 1                      (expect EINVAL)
   peer-nodev      PEER_CHECK of a PCI address with no function      (expect ENODEV)
-  peer-bdf-range  PEER_CHECK with a bdf above 0xffff                (expect ENODEV)";
+  peer-bdf-range  PEER_CHECK with a bdf above 0xffff                (expect ENODEV)
+  stats           GET_STATS, then GET_STATS_V1 (the first struct): prints both structs' reason
+                  counts, then OK if both answered and agree where both have room
+  stats-v1-flags  GET_STATS_V1 with flags = 1                       (expect EINVAL)
+  stats-mid-size  GET_STATS's number with a size between the two   (expect EINVAL)";
 
 fn usage() -> ExitCode {
     eprintln!("usage: gdirect-ioctl [--device PATH | --fd N] CASE\ncases:\n{CASES}");
@@ -119,6 +124,7 @@ fn ioc(dir: u32, ty: u32, nr: u32, size: usize) -> u64 {
 const IOC_READ: u32 = 2;
 const IOC_RW: u32 = 3;
 const INFO_SIZE: usize = std::mem::size_of::<gdirect_info_args>();
+const STATS_V1_SIZE: usize = std::mem::size_of::<gdirect_stats_args_v1>();
 
 fn raw_ioctl(fd: &OwnedFd, cmd: u64, arg: *mut CVoid) -> Result<(), Errno> {
     // SAFETY: ioctl(2) with an arbitrary pointer: the kernel validates it, and the only memory it
@@ -252,6 +258,51 @@ fn run(fd: &OwnedFd, case: &str) -> Option<Result<(), Errno>> {
                 println!("map_type={} distance={}", p.map_type, p.distance);
             }
             r
+        }
+        "stats" => {
+            let mut now = gdirect_stats_args::default();
+            let mut v1 = gdirect_stats_args_v1::default();
+            let r = raw_ioctl(
+                fd,
+                GDIRECT_IOC_GET_STATS as u64,
+                (&mut now as *mut gdirect_stats_args).cast(),
+            )
+            .and_then(|()| {
+                raw_ioctl(
+                    fd,
+                    GDIRECT_IOC_GET_STATS_V1 as u64,
+                    (&mut v1 as *mut gdirect_stats_args_v1).cast(),
+                )
+            });
+            if r.is_ok() {
+                println!("reasons={:?} reasons_v1={:?}", now.reasons, v1.reasons);
+                // Nothing else runs meanwhile: the counts the first struct has room for agree.
+                let agree = now.io == v1.io && now.reasons[..v1.reasons.len()] == v1.reasons[..];
+                if !agree {
+                    println!("the two structs' counts differ");
+                    return Some(Err(Errno::EBADMSG));
+                }
+            }
+            r
+        }
+        "stats-v1-flags" => {
+            let mut v1 = gdirect_stats_args_v1 {
+                flags: 1,
+                ..Default::default()
+            };
+            raw_ioctl(
+                fd,
+                GDIRECT_IOC_GET_STATS_V1 as u64,
+                (&mut v1 as *mut gdirect_stats_args_v1).cast(),
+            )
+        }
+        "stats-mid-size" => {
+            let mut now = gdirect_stats_args::default();
+            raw_ioctl(
+                fd,
+                ioc(IOC_RW, GDIRECT_IOC_MAGIC, 0x09, STATS_V1_SIZE + 4),
+                (&mut now as *mut gdirect_stats_args).cast(),
+            )
         }
         "flags" | "flags-high" | "pad" => {
             match case {

@@ -2367,10 +2367,11 @@ fn bar1_share(size: u64) -> gdirect::Result<()> {
 fn every_command(who: &str, fd: i32, handle: u64, data_fd: i32, len: u64) {
     let mut outcomes = Vec::new();
     for (name, code) in commands::ALL {
-        // Zeroed and larger than any argument struct of the ABI.
-        let mut zeroed = [0u64; 64];
-        // SAFETY: the command reads and writes at most its struct's size (< 512 bytes) at the
-        // pointer, which `zeroed` covers; the module keeps no pointer.
+        // Zeroed and larger than any argument struct of the ABI (GET_STATS's is the largest).
+        let mut zeroed = [0u64; 256];
+        const _: () = assert!(std::mem::size_of::<raw::gdirect_stats_args>() <= 256 * 8);
+        // SAFETY: the command reads and writes at most its struct's size (checked above to fit
+        // in 2048 bytes) at the pointer, which `zeroed` covers; the module keeps no pointer.
         let r = unsafe { nix::libc::ioctl(fd, code as _, zeroed.as_mut_ptr()) };
         outcomes.push((name.to_string(), errno_of(r)));
     }

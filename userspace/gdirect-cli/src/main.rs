@@ -1445,6 +1445,7 @@ fn stats(device: &PathBuf, json: bool) -> Result<(), Failure> {
         }
         let reasons = Reason::ALL
             .iter()
+            .take(s.reasons_counted)
             .map(|r| {
                 (
                     r.name().to_string(),
@@ -1479,6 +1480,7 @@ fn stats(device: &PathBuf, json: bool) -> Result<(), Failure> {
     }
     let reasons: Vec<String> = Reason::ALL
         .iter()
+        .take(s.reasons_counted)
         .map(|r| format!("{} {}", r.name(), s.by_reason(*r)))
         .collect();
     println!("reasons: {}", reasons.join(", "));

@@ -87,13 +87,16 @@ pub enum Reason {
     /// The file's data is not on its file system's block device (an XFS realtime file), so its
     /// device's queue and reach could not be checked.
     DataDevice,
+    /// The file system does no direct I/O for the file (ext4 journalling its data, fs-verity,
+    /// inline data): peer to peer, the CPU would copy between the page cache and the memory.
+    NoDirectIo,
     /// A value this library does not know (a newer module): reported as it came.
     Unknown(u32),
 }
 
 impl Reason {
     /// Every reason, in the order of the ABI.
-    pub const ALL: [Reason; 7] = [
+    pub const ALL: [Reason; 8] = [
         Reason::None,
         Reason::Forced,
         Reason::QueueNoP2p,
@@ -101,6 +104,7 @@ impl Reason {
         Reason::NoPages,
         Reason::Multipath,
         Reason::DataDevice,
+        Reason::NoDirectIo,
     ];
 
     pub(crate) fn from_raw(raw: u32) -> Self {
@@ -112,6 +116,7 @@ impl Reason {
             sys::GDIRECT_REASON_NO_PAGES => Self::NoPages,
             sys::GDIRECT_REASON_MULTIPATH => Self::Multipath,
             sys::GDIRECT_REASON_DATA_DEVICE => Self::DataDevice,
+            sys::GDIRECT_REASON_NO_DIRECT_IO => Self::NoDirectIo,
             raw => Self::Unknown(raw),
         }
     }
@@ -131,6 +136,7 @@ impl Reason {
             Self::NoPages => "no_pages",
             Self::Multipath => "multipath",
             Self::DataDevice => "data_device",
+            Self::NoDirectIo => "no_direct_io",
             Self::Unknown(_) => "unknown",
         }
     }
@@ -175,6 +181,11 @@ impl Reason {
             Self::DataDevice => "the file's data is not on its file system's block device (an \
                                  XFS realtime file is on the realtime device), whose queue and \
                                  reach the module cannot check"
+                .to_string(),
+            Self::NoDirectIo => "the file system does no direct I/O for this file (ext4 \
+                                 journalling its data: mounted data=journal or chattr +j; \
+                                 fs-verity; inline data): it would copy the page cache into the \
+                                 memory by CPU, so the copy is made in host memory instead"
                 .to_string(),
             Self::Unknown(raw) => format!(
                 "reason {raw}, which this library does not know (the module is newer than it)"
@@ -971,13 +982,31 @@ impl Driver {
         Ok(())
     }
 
-    /// The module's I/O counters (`GDIRECT_IOC_GET_STATS`).
+    /// The module's I/O counters (`GDIRECT_IOC_GET_STATS`; from a module older than
+    /// [`Reason::NoDirectIo`], `GDIRECT_IOC_GET_STATS_V1`'s, and [`Stats::reasons_counted`] says
+    /// how many reasons it counts).
     pub fn stats(&self) -> Result<Stats> {
         let mut args = sys::gdirect_stats_args::default();
+        let mut counted = Reason::ALL.len();
         // SAFETY: `args` is a valid, writable struct for the call.
-        unsafe { sys::get_stats(self.as_raw_fd(), &mut args) }
-            .map_err(|errno| self.ioctl_error("GDIRECT_IOC_GET_STATS", errno))?;
-        let mut stats = Stats::default();
+        match unsafe { sys::get_stats(self.as_raw_fd(), &mut args) } {
+            Ok(_) => {}
+            // A module that knows only the first struct refuses this one's size.
+            Err(Errno::EINVAL) => {
+                let mut v1 = sys::gdirect_stats_args_v1::default();
+                // SAFETY: `v1` is a valid, writable struct for the call.
+                unsafe { sys::get_stats_v1(self.as_raw_fd(), &mut v1) }
+                    .map_err(|errno| self.ioctl_error("GDIRECT_IOC_GET_STATS_V1", errno))?;
+                args.io = v1.io;
+                args.reasons[..v1.reasons.len()].copy_from_slice(&v1.reasons);
+                counted = v1.reasons.len();
+            }
+            Err(errno) => return Err(self.ioctl_error("GDIRECT_IOC_GET_STATS", errno)),
+        }
+        let mut stats = Stats {
+            reasons_counted: counted,
+            ..Stats::default()
+        };
         for (p, row) in args.io.iter().enumerate() {
             for (d, s) in row.iter().enumerate() {
                 stats.io[p][d] = PathStats {
@@ -1016,6 +1045,9 @@ pub struct Stats {
     pub io: [[PathStats; 2]; 3],
     /// Transfers by reason, in [`Reason::ALL`] order.
     pub reasons: [u64; Reason::ALL.len()],
+    /// How many of [`Reason::ALL`] the module counts: all of them, or fewer for a module older
+    /// than this library (the others read 0).
+    pub reasons_counted: usize,
 }
 
 impl Stats {

@@ -80,11 +80,12 @@ pub use registration::{MapType, PeerMap, PeerVerdict, RegisterOptions, Registrat
 pub mod raw {
     pub use crate::sys::{
         gdirect_cqe, gdirect_info_args, gdirect_io_args, gdirect_peer_args, gdirect_query_args,
-        gdirect_reap_args, gdirect_register_args, gdirect_sqe, gdirect_submit_args,
-        gdirect_unregister_args, GDIRECT_IOC_GET_INFO, GDIRECT_IOC_GET_STATS, GDIRECT_IOC_MAGIC,
-        GDIRECT_IOC_PEER_CHECK, GDIRECT_IOC_QUERY, GDIRECT_IOC_READ, GDIRECT_IOC_REAP,
-        GDIRECT_IOC_REGISTER, GDIRECT_IOC_SET_EVENTFD, GDIRECT_IOC_SUBMIT, GDIRECT_IOC_UNREGISTER,
-        GDIRECT_IOC_WRITE, GDIRECT_OP_READ, GDIRECT_REAP_WAIT, GDIRECT_REGISTER_PERSISTENT,
+        gdirect_reap_args, gdirect_register_args, gdirect_sqe, gdirect_stats_args,
+        gdirect_stats_args_v1, gdirect_submit_args, gdirect_unregister_args, GDIRECT_IOC_GET_INFO,
+        GDIRECT_IOC_GET_STATS, GDIRECT_IOC_GET_STATS_V1, GDIRECT_IOC_MAGIC, GDIRECT_IOC_PEER_CHECK,
+        GDIRECT_IOC_QUERY, GDIRECT_IOC_READ, GDIRECT_IOC_REAP, GDIRECT_IOC_REGISTER,
+        GDIRECT_IOC_SET_EVENTFD, GDIRECT_IOC_SUBMIT, GDIRECT_IOC_UNREGISTER, GDIRECT_IOC_WRITE,
+        GDIRECT_OP_READ, GDIRECT_REAP_WAIT, GDIRECT_REGISTER_PERSISTENT,
     };
 }
 

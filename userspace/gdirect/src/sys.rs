@@ -86,6 +86,12 @@ nix::ioctl_readwrite_bad!(
     gdirect_stats_args
 );
 nix::ioctl_readwrite_bad!(
+    /// `GDIRECT_IOC_GET_STATS_V1`: a module older than `GDIRECT_REASON_NO_DIRECT_IO`.
+    get_stats_v1,
+    GDIRECT_IOC_GET_STATS_V1,
+    gdirect_stats_args_v1
+);
+nix::ioctl_readwrite_bad!(
     /// `GDIRECT_IOC_PEER_CHECK`.
     peer_check,
     GDIRECT_IOC_PEER_CHECK,
@@ -163,7 +169,10 @@ mod abi {
         assert_eq!(core::mem::size_of::<gdirect_io_args>(), 88);
         assert_eq!(core::mem::size_of::<gdirect_sqe>(), 64);
         assert_eq!(core::mem::size_of::<gdirect_cqe>(), 40);
-        assert_eq!(core::mem::size_of::<gdirect_stats_args>(), 1216);
+        assert_eq!(core::mem::size_of::<gdirect_stats_args>(), 1224);
+        // The first struct stays as it was: its command is still answered.
+        assert_eq!(core::mem::size_of::<gdirect_stats_args_v1>(), 1216);
+        assert_ne!(GDIRECT_IOC_GET_STATS, GDIRECT_IOC_GET_STATS_V1);
         assert_eq!(core::mem::size_of::<gdirect_peer_args>(), 32);
         assert_eq!(core::mem::size_of::<gdirect_info_args>() % 8, 0);
         assert_eq!(GDIRECT_IOC_MAGIC, 0xD6);
@@ -203,7 +212,9 @@ mod path_decision {
         assert_eq!(kpath::REASON_NO_PAGES, GDIRECT_REASON_NO_PAGES);
         assert_eq!(kpath::REASON_MULTIPATH, GDIRECT_REASON_MULTIPATH);
         assert_eq!(kpath::REASON_DATA_DEVICE, GDIRECT_REASON_DATA_DEVICE);
-        assert_eq!(GDIRECT_REASON_COUNT, 7);
+        assert_eq!(kpath::REASON_NO_DIRECT_IO, GDIRECT_REASON_NO_DIRECT_IO);
+        assert_eq!(GDIRECT_REASON_COUNT, 8);
+        assert_eq!(GDIRECT_REASON_COUNT_V1, 7);
     }
 
     fn facts(memory: Memory, queue_p2p: bool, reach: Reach) -> Facts {
@@ -211,6 +222,7 @@ mod path_decision {
             force_bounce: false,
             memory,
             data_elsewhere: false,
+            no_direct_io: false,
             queue_p2p,
             path_p2p: false,
             reach,
@@ -304,6 +316,40 @@ mod path_decision {
     }
 
     #[test]
+    fn a_file_without_direct_io_bounces_device_memory() {
+        // An ext4 file whose data the file system journals, on a P2P-capable NVMe near the
+        // GPU: its direct I/O would be the CPU's copy from the page cache, so device memory
+        // bounces, and says why.
+        for memory in [Memory::DevicePages, Memory::DeviceNoPages] {
+            let f = Facts {
+                no_direct_io: true,
+                ..facts(memory, true, Reach::Supported)
+            };
+            let want = match memory {
+                Memory::DevicePages => GDIRECT_REASON_NO_DIRECT_IO,
+                _ => GDIRECT_REASON_NO_PAGES,
+            };
+            assert_eq!(decide(f), (GDIRECT_PATH_BOUNCE, want));
+        }
+        // The data device's reason comes first: nothing is known of the other device.
+        let both = Facts {
+            data_elsewhere: true,
+            no_direct_io: true,
+            ..facts(Memory::DevicePages, true, Reach::Supported)
+        };
+        assert_eq!(
+            decide(both),
+            (GDIRECT_PATH_BOUNCE, GDIRECT_REASON_DATA_DEVICE)
+        );
+        // Host memory takes the file system's copy as any buffered read does.
+        let host = Facts {
+            no_direct_io: true,
+            ..facts(Memory::Host, true, Reach::Supported)
+        };
+        assert_eq!(decide(host), (GDIRECT_PATH_HOST, GDIRECT_REASON_NONE));
+    }
+
+    #[test]
     fn memory_decides_before_the_queue() {
         for queue_p2p in [false, true] {
             for reach in [Reach::Supported, Reach::NotSupported, Reach::Unknown] {
@@ -327,6 +373,7 @@ mod path_decision {
                     force_bounce: true,
                     memory,
                     data_elsewhere: queue_p2p,
+                    no_direct_io: queue_p2p,
                     queue_p2p,
                     path_p2p: queue_p2p,
                     reach: Reach::Supported,

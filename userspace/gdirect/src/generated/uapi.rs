@@ -21,7 +21,9 @@ pub const GDIRECT_IOC_SUBMIT: u32 = 3223901702;
 pub const GDIRECT_IOC_REAP: u32 = 3223901703;
 pub const GDIRECT_IOC_SET_EVENTFD: u32 = 1074320904;
 pub const GDIRECT_LATENCY_BUCKETS: u32 = 20;
-pub const GDIRECT_IOC_GET_STATS: u32 = 3300972041;
+pub const GDIRECT_IOC_GET_STATS: u32 = 3301496329;
+pub const GDIRECT_REASON_COUNT_V1: u32 = 7;
+pub const GDIRECT_IOC_GET_STATS_V1: u32 = 3300972041;
 pub const GDIRECT_IOC_PEER_CHECK: u32 = 3223377418;
 pub type __s32 = ::std::os::raw::c_int;
 pub type __u32 = ::std::os::raw::c_uint;
@@ -219,7 +221,8 @@ pub const GDIRECT_REASON_DISTANCE: gdirect_path_reason = 3;
 pub const GDIRECT_REASON_NO_PAGES: gdirect_path_reason = 4;
 pub const GDIRECT_REASON_MULTIPATH: gdirect_path_reason = 5;
 pub const GDIRECT_REASON_DATA_DEVICE: gdirect_path_reason = 6;
-pub const GDIRECT_REASON_COUNT: gdirect_path_reason = 7;
+pub const GDIRECT_REASON_NO_DIRECT_IO: gdirect_path_reason = 7;
+pub const GDIRECT_REASON_COUNT: gdirect_path_reason = 8;
 pub type gdirect_path_reason = ::std::os::raw::c_uint;
 pub const GDIRECT_TRANSPORT_UNKNOWN: gdirect_transport = 0;
 pub const GDIRECT_TRANSPORT_PCIE: gdirect_transport = 1;
@@ -437,11 +440,11 @@ pub struct gdirect_stats_args {
     pub flags: __u32,
     pub pad: __u32,
     pub io: [[gdirect_io_stats; 2usize]; 3usize],
-    pub reasons: [__u64; 7usize],
+    pub reasons: [__u64; 8usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of gdirect_stats_args"][::std::mem::size_of::<gdirect_stats_args>() - 1216usize];
+    ["Size of gdirect_stats_args"][::std::mem::size_of::<gdirect_stats_args>() - 1224usize];
     ["Alignment of gdirect_stats_args"][::std::mem::align_of::<gdirect_stats_args>() - 8usize];
     ["Offset of field: gdirect_stats_args::flags"]
         [::std::mem::offset_of!(gdirect_stats_args, flags) - 0usize];
@@ -451,6 +454,28 @@ const _: () = {
         [::std::mem::offset_of!(gdirect_stats_args, io) - 8usize];
     ["Offset of field: gdirect_stats_args::reasons"]
         [::std::mem::offset_of!(gdirect_stats_args, reasons) - 1160usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct gdirect_stats_args_v1 {
+    pub flags: __u32,
+    pub pad: __u32,
+    pub io: [[gdirect_io_stats; 2usize]; 3usize],
+    pub reasons: [__u64; 7usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of gdirect_stats_args_v1"][::std::mem::size_of::<gdirect_stats_args_v1>() - 1216usize];
+    ["Alignment of gdirect_stats_args_v1"]
+        [::std::mem::align_of::<gdirect_stats_args_v1>() - 8usize];
+    ["Offset of field: gdirect_stats_args_v1::flags"]
+        [::std::mem::offset_of!(gdirect_stats_args_v1, flags) - 0usize];
+    ["Offset of field: gdirect_stats_args_v1::pad"]
+        [::std::mem::offset_of!(gdirect_stats_args_v1, pad) - 4usize];
+    ["Offset of field: gdirect_stats_args_v1::io"]
+        [::std::mem::offset_of!(gdirect_stats_args_v1, io) - 8usize];
+    ["Offset of field: gdirect_stats_args_v1::reasons"]
+        [::std::mem::offset_of!(gdirect_stats_args_v1, reasons) - 1160usize];
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
