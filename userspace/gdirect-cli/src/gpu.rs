@@ -392,8 +392,9 @@ pub(crate) struct BenchArgs {
     pub(crate) reference: Option<u64>,
     /// Bytes per I/O, a multiple of 4K: each I/O is one read (or, with --write, one write) of
     /// the library's GPU reader (the module where it is loaded, the compat engine otherwise)
-    /// into (from) a buffer of this size, its bytes compared with the file's after its time is taken [default: the
-    /// whole --len in one read, verified by checksum]. Independent of --block-size, the
+    /// into (from) a slot of this size of its job's buffer, its bytes compared with the
+    /// file's after its round, outside the time (--round-mib) [default: the whole --len in
+    /// one read, verified by checksum]. Independent of --block-size, the
     /// engine's size of the reads it issues.
     #[arg(long, value_parser = crate::parse_size, conflicts_with = "first")]
     pub(crate) io_size: Option<u64>,
@@ -401,7 +402,8 @@ pub(crate) struct BenchArgs {
     /// size).
     #[arg(long, value_enum, default_value_t = Pattern::Seq, requires = "io_size")]
     pub(crate) pattern: Pattern,
-    /// Issue I/Os for this many seconds instead of --repeat passes over the file.
+    /// Issue I/Os for this many seconds of the clock (the rounds' I/O time, after a first
+    /// round of warm-up that is not counted) instead of --repeat passes over the file.
     #[arg(
         long,
         value_name = "SECONDS",
@@ -412,9 +414,15 @@ pub(crate) struct BenchArgs {
     /// Threads issuing I/Os at once, each with a buffer of its own (gdsio's workers).
     #[arg(long, default_value_t = 1, requires = "io_size")]
     pub(crate) jobs: usize,
+    /// The I/Os of a round, in MiB of GPU memory shared among the jobs (at most 4096 I/Os a
+    /// job): each job's buffer has a slot for each of its I/Os of a round. The clock runs while
+    /// a round's I/Os do (from their common start to the last one's end); between rounds,
+    /// outside it, every slot is compared with the file (tests/bench/blocks.py's rounds).
+    #[arg(long, value_name = "MIB", default_value_t = 2048, requires = "io_size")]
+    pub(crate) round_mib: u64,
     /// Write instead of read: each I/O writes a buffer of GPU memory holding a pattern of its
     /// file offset to FILE (created if missing; --len bytes, or the file's size), and the file's
-    /// bytes are read back and compared after its time is taken.
+    /// bytes are read back and compared after its round, outside the time.
     #[arg(long, requires = "io_size")]
     pub(crate) write: bool,
     /// Let --write overwrite a FILE that exists and is not empty.
@@ -454,6 +462,13 @@ fn io_offset(pattern: Pattern, k: u64, job: u64, jobs: u64, slots: u64, state: &
 
 /// The bytes `bench --write` writes at file offset `off`: a pattern of the offset, so that a
 /// byte in the wrong place shows.
+/// The most I/Os a job makes in one round of `bench --io-size` (a round of small I/Os from
+/// one job stays short enough for `--duration`, which is looked at between rounds).
+const ROUND_IOS: u64 = 4096;
+
+/// What a read's slot holds before its round: no read can pass without landing.
+const POISON: u8 = 0xe9;
+
 fn offset_pattern(off: u64, out: &mut [u8]) {
     let mut state = off ^ 0x2545_f491_4f6c_dd1d;
     for chunk in out.chunks_mut(8) {
@@ -535,8 +550,13 @@ struct BenchIoJson {
     why: String,
     ios: u64,
     bytes: u64,
-    /// The longest job's time in reads or writes (their verification not included).
+    /// The wall-clock time of the rounds' I/Os, from each round's common start to its last
+    /// I/O's end (the verification between rounds not included).
     seconds: f64,
+    /// How many rounds were timed (with --duration, after one of warm-up), and each job's
+    /// I/Os in one.
+    rounds: u64,
+    ios_per_round_per_job: u64,
     gb_per_s: f64,
     iops: f64,
     p50_us: f64,
@@ -550,7 +570,6 @@ struct BenchIoJson {
 struct JobTally {
     ios: u64,
     bytes: u64,
-    read_ns: u64,
     latencies: Vec<u64>,
     /// The engine of its first I/O, and why.
     engine: Option<(&'static str, String)>,
@@ -558,8 +577,10 @@ struct JobTally {
 
 /// `bench --io-size`: jobs issuing I/Os of one size through the library's GPU reader (the
 /// module where it is loaded and serves, the compat engine otherwise, as
-/// `GDIRECT_COMPAT_MODE` allows), each job's buffer registered once, each I/O's bytes compared
-/// with the file's after its time is taken.
+/// `GDIRECT_COMPAT_MODE` allows), each job's buffer registered once with a slot for each of
+/// its I/Os of a round, timed by the wall clock while a round's I/Os run, every slot compared
+/// with the file's bytes after the round (until 2026-12-06 the time was the longest job's sum of
+/// its I/Os' own times, with each I/O verified between them).
 #[cfg(feature = "cuda")]
 fn bench_ios(args: &BenchArgs, io: u64, device: &Path, json: bool) -> Result<(), Failure> {
     use gdirect::{
@@ -610,87 +631,190 @@ fn bench_ios(args: &BenchArgs, io: u64, device: &Path, json: bool) -> Result<(),
         })
         .json(json)?;
     let per_job = (args.repeat.max(1) as u64 * slots).div_ceil(jobs as u64);
-    let deadline = args
-        .duration
-        .map(|d| Instant::now() + Duration::from_secs_f64(d.max(0.0)));
+    // Each job's buffer: its share of a round, one slot an I/O (as tests/bench/blocks.py's).
+    let slots_per_job = ((args.round_mib.max(1) << 20) / jobs as u64 / io).clamp(1, ROUND_IOS);
+    let slots_per_job = match args.duration {
+        Some(_) => slots_per_job,
+        None => slots_per_job.min(per_job.max(1)),
+    };
+    // With --duration, I/Os for that many seconds of the clock, after a first round that is a
+    // warm-up (not counted: registration, first touches), as blocks.py's first round is.
+    let duration = args.duration.map(|d| Duration::from_secs_f64(d.max(0.0)));
+    // Rounds: every job prepares its slots (outside the time), all start together, the clock
+    // runs from the start until the last job's last I/O of the round ends (the wall clock, as
+    // blocks.py times its threads), then every job verifies its slots (outside the time).
+    let barrier = std::sync::Barrier::new(jobs);
+    let go_on = std::sync::atomic::AtomicBool::new(true);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let clock = std::sync::Mutex::new((Instant::now(), Duration::ZERO, 0u64));
     // A job's failure: (the bytes differ, the error).
     type JobResult = Result<JobTally, (bool, Error)>;
     let job = |j: usize| -> JobResult {
+        use std::sync::atomic::Ordering::{Acquire, Release};
         let other = |e: Error| (false, e);
+        let mut t = JobTally::default();
+        let mut first_error = None;
         let stream = ctx.default_stream();
-        // Memory the module may register, as `read` allocates.
-        let mut mem = DeviceBuffer::new(&stream, io as usize).map_err(other)?;
-        let mut buf = reader.register(&mut mem);
-        let mut got = vec![0u8; io as usize];
+        // Memory the module may register, as `read` allocates; a failure here still takes its
+        // part in every round, so that no other job waits for it for ever.
+        let mut mem = match DeviceBuffer::new(&stream, (slots_per_job * io) as usize) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                failed.store(true, Release);
+                first_error = Some(other(e));
+                None
+            }
+        };
+        let mut buf = mem.as_mut().map(|m| reader.register(m));
+        let mut host = vec![0u8; (slots_per_job * io) as usize];
         let mut want = vec![0u8; io as usize];
+        let mut offsets = Vec::with_capacity(slots_per_job as usize);
         let mut state =
             0x9e37_79b9_7f4a_7c15u64 ^ (j as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        let mut t = JobTally::default();
-        for k in 0.. {
-            match deadline {
-                Some(d) if Instant::now() >= d => break,
-                None if k >= per_job => break,
-                _ => {}
-            }
-            let off = io_offset(args.pattern, k, j as u64, jobs as u64, slots, &mut state) * io;
-            let file_io = |e: std::io::Error| {
-                other(Error::FileIo {
-                    path: args.file.clone(),
-                    offset: off,
-                    errno: gdirect::Errno::from_raw(e.raw_os_error().unwrap_or(5)),
-                })
+        let mut k = 0u64;
+        for round in 0u64.. {
+            let warmup = round == 0 && duration.is_some();
+            // Prepared outside the time: the round's offsets; the slots poisoned (a read) or
+            // holding what each I/O writes, a pattern of its offset (jobs that write the same
+            // place write the same bytes).
+            offsets.clear();
+            let n = match duration {
+                Some(_) => slots_per_job,
+                None => slots_per_job.min(per_job.saturating_sub(k)).max(1),
             };
-            if sink.is_some() {
-                // What this I/O writes: a pattern of its offset (jobs that write the same
-                // slot write the same bytes), put in GPU memory before the clock starts.
-                offset_pattern(off, &mut want);
-                stream
-                    .memcpy_htod(&want, buf.memory_mut())
-                    .and_then(|()| stream.synchronize())
-                    .map_err(cuda("host-to-device copy"))
-                    .map_err(other)?;
+            for _ in 0..n {
+                let at = io_offset(args.pattern, k, j as u64, jobs as u64, slots, &mut state);
+                offsets.push(at * io);
+                k += 1;
             }
-            let t0 = Instant::now();
-            let r = match (&src, &sink) {
-                (Some(src), _) => reader.read_into(src, &mut buf, 0, off, io),
-                (None, Some(sink)) => reader.write_from(sink, &mut buf, 0, off, io),
-                (None, None) => Err(Error::Worker {
-                    what: "a bench job with neither a file to read nor one to write",
-                }),
+            if let (Some(buf), None) = (buf.as_mut(), &first_error) {
+                let bytes = &mut host[..offsets.len() * io as usize];
+                for (slot, &off) in offsets.iter().enumerate() {
+                    let slot = &mut bytes[slot * io as usize..(slot + 1) * io as usize];
+                    match sink {
+                        Some(_) => offset_pattern(off, slot),
+                        None => slot.fill(POISON),
+                    }
+                }
+                if let Err(e) = buf.memory_mut().copy_from_host(0, bytes) {
+                    failed.store(true, Release);
+                    first_error = Some(other(e));
+                }
             }
-            .map_err(other)?
-            .transfer;
-            let ns = t0.elapsed().as_nanos() as u64;
-            t.engine
-                .get_or_insert_with(|| (r.engine.name(), r.engine.explain()));
-            if sink.is_some() {
-                // The file's bytes, back through the page cache.
-                file.read_exact_at(&mut got, off).map_err(file_io)?;
-            } else {
-                buf.memory().copy_to_host(0, &mut got).map_err(other)?;
-                file.read_exact_at(&mut want, off).map_err(file_io)?;
+            if barrier.wait().is_leader() {
+                if let Ok(mut c) = clock.lock() {
+                    c.0 = Instant::now();
+                }
             }
-            if r.bytes != io || got != want {
-                let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
-                return Err((
-                    true,
-                    Error::Cuda {
-                        what: "bench verification",
-                        error: format!(
-                            "the I/O at offset {off} moved {} of {io} bytes, first difference at byte {}: the {} is wrong and its time does not count",
-                            r.bytes,
-                            off + at as u64,
-                            if sink.is_some() { "write" } else { "read" },
-                        ),
-                    },
-                ));
+            barrier.wait();
+            if let (Some(buf), None) = (buf.as_mut(), &first_error) {
+                for (slot, &off) in offsets.iter().enumerate() {
+                    let at = slot as u64 * io;
+                    let t0 = Instant::now();
+                    let r = match (&src, &sink) {
+                        (Some(src), _) => reader.read_into(src, buf, at, off, io),
+                        (None, Some(sink)) => reader.write_from(sink, buf, at, off, io),
+                        (None, None) => Err(Error::Worker {
+                            what: "a bench job with neither a file to read nor one to write",
+                        }),
+                    };
+                    let ns = t0.elapsed().as_nanos() as u64;
+                    match r {
+                        Ok(r) if r.transfer.bytes == io => {
+                            let r = r.transfer;
+                            t.engine
+                                .get_or_insert_with(|| (r.engine.name(), r.engine.explain()));
+                            if !warmup {
+                                t.ios += 1;
+                                t.bytes += io;
+                                t.latencies.push(ns);
+                            }
+                        }
+                        Ok(r) => {
+                            failed.store(true, Release);
+                            first_error = Some((
+                                true,
+                                Error::Cuda {
+                                    what: "bench verification",
+                                    error: format!(
+                                        "the I/O at offset {off} moved {} of {io} bytes",
+                                        r.transfer.bytes
+                                    ),
+                                },
+                            ));
+                            break;
+                        }
+                        Err(e) => {
+                            failed.store(true, Release);
+                            first_error = Some(other(e));
+                            break;
+                        }
+                    }
+                }
             }
-            t.ios += 1;
-            t.bytes += io;
-            t.read_ns += ns;
-            t.latencies.push(ns);
+            if barrier.wait().is_leader() {
+                let timed = match clock.lock() {
+                    Ok(mut c) => {
+                        if !warmup {
+                            let took = c.0.elapsed();
+                            c.1 += took;
+                            c.2 += 1;
+                        }
+                        c.1
+                    }
+                    Err(_) => Duration::MAX,
+                };
+                let more = match duration {
+                    Some(d) => timed < d,
+                    None => k < per_job,
+                };
+                go_on.store(more && !failed.load(Acquire), Release);
+            }
+            barrier.wait();
+            // Verified outside the time: every slot against the file's bytes at its offset.
+            if let (Some(buf), None) = (buf.as_ref(), &first_error) {
+                let bytes = &mut host[..offsets.len() * io as usize];
+                let checked = buf.memory().copy_to_host(0, bytes).map_err(other).and_then(|()| {
+                    for (slot, &off) in offsets.iter().enumerate() {
+                        let got = &bytes[slot * io as usize..(slot + 1) * io as usize];
+                        // A write's bytes back from the file, through the page cache.
+                        file.read_exact_at(&mut want, off).map_err(|e| {
+                            other(Error::FileIo {
+                                path: args.file.clone(),
+                                offset: off,
+                                errno: gdirect::Errno::from_raw(e.raw_os_error().unwrap_or(5)),
+                            })
+                        })?;
+                        if got != &want[..] {
+                            let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                            return Err((
+                                true,
+                                Error::Cuda {
+                                    what: "bench verification",
+                                    error: format!(
+                                        "the {} at file offset {off} (slot {slot}) differs from the file at byte {}: its round's time does not count",
+                                        if sink.is_some() { "write" } else { "read" },
+                                        off + at as u64,
+                                    ),
+                                },
+                            ));
+                        }
+                    }
+                    Ok(())
+                });
+                if let Err(e) = checked {
+                    failed.store(true, Release);
+                    first_error = Some(e);
+                }
+            }
+            if !go_on.load(Acquire) {
+                break;
+            }
         }
-        Ok(t)
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(t),
+        }
     };
     let results: Vec<JobResult> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..jobs).map(|j| scope.spawn(move || job(j))).collect();
@@ -707,13 +831,11 @@ fn bench_ios(args: &BenchArgs, io: u64, device: &Path, json: bool) -> Result<(),
             .collect()
     });
     let mut all = JobTally::default();
-    let mut longest = 0u64;
     for r in results {
         match r {
             Ok(t) => {
                 all.ios += t.ios;
                 all.bytes += t.bytes;
-                longest = longest.max(t.read_ns);
                 all.latencies.extend(t.latencies);
                 all.engine = all.engine.or(t.engine);
             }
@@ -726,7 +848,11 @@ fn bench_ios(args: &BenchArgs, io: u64, device: &Path, json: bool) -> Result<(),
         }
     }
     all.latencies.sort_unstable();
-    let seconds = longest as f64 / 1e9;
+    let (wall, rounds) = clock
+        .lock()
+        .map(|c| (c.1, c.2))
+        .unwrap_or((Duration::ZERO, 0));
+    let seconds = wall.as_secs_f64();
     let (engine, why) = all.engine.unwrap_or(("none", "no I/O ran".into()));
     let out = BenchIoJson {
         op: if args.write { "write" } else { "read" },
@@ -743,6 +869,8 @@ fn bench_ios(args: &BenchArgs, io: u64, device: &Path, json: bool) -> Result<(),
         ios: all.ios,
         bytes: all.bytes,
         seconds,
+        rounds,
+        ios_per_round_per_job: slots_per_job,
         gb_per_s: all.bytes as f64 / seconds.max(1e-9) / 1e9,
         iops: all.ios as f64 / seconds.max(1e-9),
         p50_us: percentile(&all.latencies, 0.50),
