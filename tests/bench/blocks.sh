@@ -76,7 +76,8 @@ run() {
 		import json, sys
 		r = json.loads(sys.argv[2]); r["label"] = sys.argv[1]; r.pop("runs_detail", None)
 		print(json.dumps(r))
-		g, p50, p99 = (r.get(k) or 0 for k in ("median_gb_per_s", "p50_us", "p99_us"))
+		g = r.get("median_gb_per_s") or r.get("gb_per_s") or 0
+		p50, p99 = (r.get(k) or 0 for k in ("p50_us", "p99_us"))
 		print(f"{sys.argv[1]:<40} {g:7.2f} GB/s  p50 {p50:7.1f} us  p99 {p99:7.1f} us", file=sys.stderr)
 	EOF
 }
