@@ -2,9 +2,10 @@
 
 // Copyright (C) 2026 The gdirect authors.
 
-//! The direct-I/O call: one synchronous `vfs_iocb_iter_read`/`_write` of a file over a bvec
-//! iterator, so that raw namespaces and file systems alike work, holes read as zeros, and every
-//! permission check is the file system's; tried without waiting ([`Wait::NoWait`]), and what
+//! The direct-I/O call: one synchronous `->read_iter`/`->write_iter` of a file over a bvec
+//! iterator, as `vfs_iocb_iter_read`/`_write` make it, so that raw namespaces and file systems
+//! alike work, holes read as zeros, and every permission check is the kernel's, made apart
+//! ([`verify`], before the memory is held); tried without waiting ([`Wait::NoWait`]), and what
 //! the file system would have waited for done apart ([`settle`], [`touch`]), so that the data
 //! path holds device memory only while data moves. A floor under the data path (`io`), the
 //! statistics (`stats`, which count by [`Dir`]) and the submitter (the file size limit): it
@@ -23,9 +24,13 @@ unsafe extern "C" {
     // `shim.c`: `init_sync_kiocb()`; `kiocb` and `file` cross as `void *`.
     fn gdirect_init_sync_kiocb(kiocb: *mut c_void, file: *mut c_void);
     fn gdirect_fsize_limit() -> u64;
-    // `file_start_write()`, `file_end_write()`.
+    // `file_start_write()`, `file_end_write()`, `file_start_write_trylock()`.
     fn gdirect_file_start_write(file: *mut c_void);
     fn gdirect_file_end_write(file: *mut c_void);
+    fn gdirect_file_start_write_trylock(file: *mut c_void) -> bool;
+    // `fsnotify_access()`, `fsnotify_modify()`.
+    fn gdirect_fsnotify_access(file: *mut c_void);
+    fn gdirect_fsnotify_modify(file: *mut c_void);
 }
 
 /// The calling task's `RLIMIT_FSIZE` (`u64::MAX` for none).
@@ -85,15 +90,57 @@ fn sync_kiocb(file: &File, pos: u64) -> Result<bindings::kiocb> {
     Ok(kiocb)
 }
 
-/// One synchronous direct I/O of `len` bytes at `pos` over `bvecs`.
+/// The permission checks of an I/O of `len` bytes at `pos`, passed: see [`verify`].
+pub(crate) struct Verified {
+    dir: Dir,
+    pos: u64,
+    end: u64,
+}
+
+/// The checks `vfs_iocb_iter_read()`/`_write()` make before the file system's I/O
+/// (`rw_verify_area()`): the range, the security modules' `file_permission`, and fsnotify's
+/// permission events, which wait for a listener's answer (fanotify `FAN_ACCESS_PERM` from an
+/// on-access scanner, `FAN_PRE_ACCESS` from a hierarchical storage manager that first fills the
+/// range from elsewhere) for as long as it takes. Made before a chunk takes its use of device
+/// memory, which a free waits for: [`direct_io`] then does the I/O without them, as those
+/// functions do after theirs. Its checks stand for an I/O of the same direction inside the
+/// range.
+pub(crate) fn verify(file: &File, dir: Dir, pos: u64, len: u64) -> Result<Verified> {
+    let (count, end) = (
+        usize::try_from(len)?,
+        pos.checked_add(len).ok_or(EOVERFLOW)?,
+    );
+    let ppos = i64::try_from(pos).map_err(|_| EOVERFLOW)?;
+    let rw = match dir {
+        Dir::Read => bindings::READ,
+        Dir::Write => bindings::WRITE,
+    };
+    // SAFETY: `file` is a valid, referenced file; `ppos` lives across the call, which keeps no
+    // pointer to it. It takes no lock the caller holds, and may sleep (the caller holds none).
+    let ret = unsafe { bindings::rw_verify_area(rw as i32, file.as_ptr(), &ppos, count) };
+    if ret < 0 {
+        return Err(Error::from_errno(ret));
+    }
+    Ok(Verified { dir, pos, end })
+}
+
+/// One synchronous direct I/O of `len` bytes at `pos` over `bvecs`, inside a range `checked`
+/// by [`verify`]: the file system's `->read_iter`/`->write_iter`, called as
+/// `vfs_iocb_iter_read()`/`_write()` call it after their checks (a write inside the file
+/// system's freeze protection, `file_start_write()`; fsnotify told of the access or change
+/// after), so that no permission event is awaited here.
 pub(crate) fn direct_io(
     file: &File,
-    dir: Dir,
+    checked: &Verified,
     pos: u64,
     bvecs: &[bindings::bio_vec],
     len: u64,
     wait: Wait,
 ) -> Result<u64> {
+    let dir = checked.dir;
+    if pos < checked.pos || pos.checked_add(len).is_none_or(|end| end > checked.end) {
+        return Err(EINVAL);
+    }
     let mut kiocb = sync_kiocb(file, pos)?;
     // SAFETY: `iov_iter` is a plain C struct for which all zeros is a valid start; it is then
     // initialized by the kernel's own function.
@@ -134,14 +181,50 @@ pub(crate) fn direct_io(
             len as usize,
         )
     };
-    // SAFETY: `kiocb` was initialized for `file` without a completion callback, so the call
-    // returns only when the I/O is done; `iter` describes `bvecs`.
-    let ret = unsafe {
+    // SAFETY: a referenced file's operations live as long as the file.
+    let op = unsafe {
+        let fops = (*file.as_ptr()).f_op;
         match dir {
-            Dir::Read => bindings::vfs_iocb_iter_read(file.as_ptr(), &mut kiocb, &mut iter),
-            Dir::Write => bindings::vfs_iocb_iter_write(file.as_ptr(), &mut kiocb, &mut iter),
+            Dir::Read => (*fops).read_iter,
+            Dir::Write => (*fops).write_iter,
         }
     };
+    // As `vfs_iocb_iter_read()`/`_write()` answer a file without the operation. (The access
+    // mode was checked with the request: `Transfer::new`.)
+    let op = op.ok_or(EINVAL)?;
+    let f = file.as_ptr().cast();
+    if dir == Dir::Write {
+        match wait {
+            // SAFETY: `f` is a valid, referenced file; ended below.
+            Wait::Block => unsafe { gdirect_file_start_write(f) },
+            // A freeze under way: no waiting for its end here (`touch()`, before the next try,
+            // waits for it with no use held).
+            // SAFETY: as above.
+            Wait::NoWait => {
+                if !unsafe { gdirect_file_start_write_trylock(f) } {
+                    return Err(EAGAIN);
+                }
+            }
+        }
+    }
+    // SAFETY: `kiocb` was initialized for `file` without a completion callback, so the call
+    // returns only when the I/O is done; `iter` describes `bvecs`; `op` is the file's own
+    // operation, called as the VFS calls it.
+    let ret = unsafe { op(&mut kiocb, &mut iter) };
+    // SAFETY: `f` is a valid, referenced file: the freeze protection taken above ended; fsnotify
+    // told as the VFS tells it (events queued, nothing awaited).
+    unsafe {
+        match dir {
+            Dir::Write => {
+                gdirect_file_end_write(f);
+                if ret > 0 {
+                    gdirect_fsnotify_modify(f);
+                }
+            }
+            Dir::Read if ret >= 0 => gdirect_fsnotify_access(f),
+            Dir::Read => {}
+        }
+    }
     if ret < 0 {
         return Err(Error::from_errno(ret as i32));
     }

@@ -54,6 +54,7 @@ use crate::{
         direct_io,
         settle,
         touch,
+        verify,
         Dir,
         Wait, //
     },
@@ -526,8 +527,11 @@ impl Transfer {
                     let _ = touch(&self.file);
                 }
                 // The memory's device checked with no use held: a free never waits for a config
-                // read (which a dead link may answer only at its completion timeout).
+                // read (which a dead link may answer only at its completion timeout); and so
+                // are the permission checks, whose fsnotify events wait for a listener's
+                // answer.
                 self.owner_present()?;
+                let checked = verify(&self.file, self.dir, self.file_offset + done, n)?;
                 let got = {
                     // Room in the user's share of the storage first, then in the
                     // registration's (what a revocation waits for): neither is held while the
@@ -537,7 +541,7 @@ impl Transfer {
                     (len, n) = self.limit_first(done, len, n)?;
                     let bvecs = bvecs(&self.reg, self.buf_offset + done, n)?;
                     let pos = self.file_offset + done;
-                    direct_io(&self.file, self.dir, pos, bvecs.as_slice(), n, wait)
+                    direct_io(&self.file, &checked, pos, bvecs.as_slice(), n, wait)
                 };
                 match got {
                     // A write to a file ext4 writes through the page cache (no direct I/O:
@@ -609,9 +613,10 @@ impl Transfer {
             let moved = match self.dir {
                 Dir::Read => {
                     let bvecs = chunk.bvecs(n)?;
+                    let checked = verify(&self.file, Dir::Read, pos, n)?;
                     let got = {
                         let _io = self.reg.user.start_io(n)?;
-                        direct_io(&self.file, Dir::Read, pos, bvecs.as_slice(), n, Wait::Block)?
+                        direct_io(&self.file, &checked, pos, bvecs.as_slice(), n, Wait::Block)?
                     };
                     {
                         let _use = self.reg.shared.begin_use()?;
@@ -634,17 +639,11 @@ impl Transfer {
                     }
                     // What a dead BAR returned never reaches the file.
                     self.owner_present()?;
+                    let checked = verify(&self.file, Dir::Write, pos, n)?;
                     let _io = self.reg.user.start_io(n)?;
                     (end, n) = self.limit_first(done, end, n)?;
                     let bvecs = chunk.bvecs(n)?;
-                    direct_io(
-                        &self.file,
-                        Dir::Write,
-                        pos,
-                        bvecs.as_slice(),
-                        n,
-                        Wait::Block,
-                    )?
+                    direct_io(&self.file, &checked, pos, bvecs.as_slice(), n, Wait::Block)?
                 }
             };
             done += moved;

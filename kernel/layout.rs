@@ -58,6 +58,9 @@ macro_rules! size {
 /// What the Rust code relies on, by the names `shim.c` gives the same facts.
 const RUST: &[(&str, usize)] = &[
     off!(file, "f_inode", f_inode),
+    off!(file, "f_op", f_op),
+    off!(file_operations, "read_iter", read_iter),
+    off!(file_operations, "write_iter", write_iter),
     off!(file, "f_mapping", f_mapping),
     off!(address_space, "host", host),
     off!(inode, "i_sb", i_sb),

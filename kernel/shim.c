@@ -11,6 +11,7 @@
 #include <linux/dma-mapping.h>
 #include <linux/fileattr.h>
 #include <linux/fs.h>
+#include <linux/fsnotify.h>
 #include <linux/kthread.h>
 #include <linux/memcontrol.h>
 #include <linux/miscdevice.h>
@@ -75,6 +76,25 @@ void gdirect_file_end_write(void *file);
 void gdirect_file_end_write(void *file)
 {
 	file_end_write(file);
+}
+
+bool gdirect_file_start_write_trylock(void *file);
+bool gdirect_file_start_write_trylock(void *file)
+{
+	return file_start_write_trylock(file);
+}
+
+/* fsnotify_access() and fsnotify_modify() are inline; file: struct file * */
+void gdirect_fsnotify_access(void *file);
+void gdirect_fsnotify_access(void *file)
+{
+	fsnotify_access(file);
+}
+
+void gdirect_fsnotify_modify(void *file);
+void gdirect_fsnotify_modify(void *file)
+{
+	fsnotify_modify(file);
 }
 
 /* pinned_vm of an mm: atomic64_add_return() is inline. */
@@ -368,6 +388,9 @@ struct gdirect_layout {
 #define GD_SIZE(type) { "sizeof " #type, sizeof(struct type) }
 static const struct gdirect_layout gdirect_layout_facts[] = {
 	GD_OFF(file, f_inode),
+	GD_OFF(file, f_op),
+	GD_OFF(file_operations, read_iter),
+	GD_OFF(file_operations, write_iter),
 	GD_OFF(file, f_mapping),
 	GD_OFF(address_space, host),
 	GD_OFF(inode, i_sb),

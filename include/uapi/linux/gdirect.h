@@ -487,9 +487,13 @@ enum gdirect_transport {
  * is tried again, up to 3 times; refused still, it goes through host memory,
  * counted in bounce_bytes with path still P2P (so do the chunks of a file
  * that turned to journalling its data after its transfer started; one that
- * did so before bounces whole, GDIRECT_REASON_NO_DIRECT_IO). Short waits
- * inside the file system (journal or log space, a freeze begun in between,
- * fanotify permission events) can still come while the memory is held. A
+ * did so before bounces whole, GDIRECT_REASON_NO_DIRECT_IO). The permission
+ * checks of each chunk (security modules, fanotify permission events, which
+ * wait for a listener's answer) are made before the memory is held, and a
+ * write tried without waiting that meets a freeze waits for the thaw with
+ * the memory not held. Short waits inside the file system (journal or log
+ * space, unwritten extents converted at the end) can still come while the
+ * memory is held. A
  * write updates the file's times and, where it extends the file, its size
  * (the new part reading as zeros) before its data lands: one that fails may
  * leave them so. A file open with O_APPEND is written at file_offset, as

@@ -70,6 +70,11 @@
 //!                                  the inode's lock held by a buffered write stalled in a
 //!                                  userfaultfd, and the memory freed meanwhile (see the function)
 //!                                  while the memory is freed: the free must not wait for it
+//!   perm-stall read|write FILE     a transfer between FILE (ext4 or XFS) and GPU memory meeting
+//!                                  a fanotify permission event nobody answers yet (read: an
+//!                                  on-access scanner's FAN_ACCESS_PERM; write: a storage
+//!                                  manager's FAN_PRE_ACCESS), and the memory freed meanwhile:
+//!                                  the free must not wait for the listener (see the function)
 //!   pin-stall SIZE                 REGISTER of host memory whose last page faults into a
 //!                                  userfaultfd that is never served: `faulted pid=PID` once
 //!                                  the pin waits there (the test then kills the process)
@@ -190,6 +195,11 @@ fn main() -> ExitCode {
         },
         (Some("put-reuse"), _) => match num(1) {
             Some(rounds) => put_reuse(rounds),
+            _ => return usage(),
+        },
+        (Some("perm-stall"), _) => match (arg(1), arg(2)) {
+            (Some("read"), Some(path)) => perm_stall(path, false),
+            (Some("write"), Some(path)) => perm_stall(path, true),
             _ => return usage(),
         },
         (Some("lock-stall"), _) => match (arg(1), arg(2)) {
@@ -1446,6 +1456,193 @@ fn lock_stall(path: &str, write: bool) -> gdirect::Result<()> {
             "write={}",
             w.map_or_else(|e| e.to_string(), |n| n.to_string())
         );
+        match r {
+            Ok(n) => println!("io={n}"),
+            Err(e) => match e.errno() {
+                Some(errno) => println!("io={errno:?} error={e}"),
+                None => println!("io=none error={e}"),
+            },
+        }
+        Ok::<(), Error>(())
+    })?;
+    drop(reg);
+    Ok(())
+}
+
+/// A fanotify listener of one file that holds the permission events it reads until told to
+/// answer them (`FAN_ALLOW`), then answers every later one at once.
+struct PermListener {
+    fd: OwnedFd,
+}
+
+impl PermListener {
+    /// `FAN_CLASS_CONTENT` and `FAN_ACCESS_PERM` (an on-access scanner: every read), or, with
+    /// `pre`, `FAN_CLASS_PRE_CONTENT` and `FAN_PRE_ACCESS` (a hierarchical storage manager that
+    /// fills a range before it is read or written: every read and write). Marked before the file
+    /// is opened for the transfer: a file opened while its file system had no permission
+    /// watcher is never asked about (`file_set_fsnotify_mode()`).
+    fn new(path: &str, pre: bool) -> gdirect::Result<Self> {
+        const FAN_CLASS_CONTENT: u32 = 0x4;
+        const FAN_CLASS_PRE_CONTENT: u32 = 0x8;
+        const FAN_ACCESS_PERM: u64 = 0x0002_0000;
+        const FAN_PRE_ACCESS: u64 = 0x0010_0000;
+        const FAN_MARK_ADD: u32 = 0x1;
+        let fail = alloc_error("a fanotify listener");
+        let (class, mask) = match pre {
+            false => (FAN_CLASS_CONTENT, FAN_ACCESS_PERM),
+            true => (FAN_CLASS_PRE_CONTENT, FAN_PRE_ACCESS),
+        };
+        // SAFETY: fanotify_init(2) with valid flags; the new descriptor is owned below.
+        let raw = unsafe {
+            nix::libc::fanotify_init(
+                class | nix::libc::FAN_CLOEXEC,
+                (nix::libc::O_RDONLY | nix::libc::O_LARGEFILE) as u32,
+            )
+        };
+        if raw < 0 {
+            return Err(fail(Errno::last()));
+        }
+        // SAFETY: `raw` is a new descriptor nothing else owns.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+        let cpath = std::ffi::CString::new(path).map_err(|_| fail(Errno::EINVAL))?;
+        // SAFETY: fanotify_mark(2) of a NUL-terminated path the call only reads.
+        let r = unsafe {
+            nix::libc::fanotify_mark(
+                fd.as_raw_fd(),
+                FAN_MARK_ADD,
+                mask,
+                nix::libc::AT_FDCWD,
+                cpath.as_ptr(),
+            )
+        };
+        if r < 0 {
+            return Err(fail(Errno::last()));
+        }
+        Ok(Self { fd })
+    }
+
+    /// Waits (at most `timeout`) for events, and returns the descriptors of those read, with the
+    /// pid of the first (the task that asks).
+    fn wait(&self, timeout: Duration) -> Vec<(OwnedFd, i32)> {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut events = Vec::new();
+        let mut pfd = [PollFd::new(
+            std::os::fd::AsFd::as_fd(&self.fd),
+            PollFlags::POLLIN,
+        )];
+        let ms = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+        if !matches!(poll(&mut pfd, ms), Ok(n) if n > 0) {
+            return events;
+        }
+        let mut buf = [0u8; 4096];
+        let Ok(n) = nix::unistd::read(&self.fd, &mut buf) else {
+            return events;
+        };
+        let meta = std::mem::size_of::<nix::libc::fanotify_event_metadata>();
+        let mut at = 0;
+        while at + meta <= n {
+            // SAFETY: `buf[at..at + meta]` holds an event's metadata, as the kernel wrote it
+            // (read unaligned: a byte buffer).
+            let m: nix::libc::fanotify_event_metadata =
+                unsafe { std::ptr::read_unaligned(buf.as_ptr().add(at).cast()) };
+            if m.fd >= 0 {
+                // SAFETY: the event's descriptor is new, and this is its only owner.
+                let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(m.fd) };
+                events.push((fd, m.pid));
+            }
+            at += (m.event_len as usize).max(meta);
+        }
+        events
+    }
+
+    /// `FAN_ALLOW` for each event.
+    fn allow(&self, events: Vec<(OwnedFd, i32)>) {
+        for (fd, _) in events {
+            let response = nix::libc::fanotify_response {
+                fd: fd.as_raw_fd(),
+                response: nix::libc::FAN_ALLOW,
+            };
+            // SAFETY: the response is a plain struct; write(2) reads its bytes.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(
+                    (&raw const response).cast::<u8>(),
+                    std::mem::size_of_val(&response),
+                )
+            };
+            let _ = nix::unistd::write(&self.fd, bytes);
+        }
+    }
+}
+
+/// A transfer between `path` and GPU memory meeting a fanotify permission event that its
+/// listener answers only later (an on-access scanner at work, or a storage manager fetching
+/// the range from tape), and a free of the memory meanwhile (after the event arrived: the
+/// transfer is then provably at the check). The free waits for the transfer's use of the
+/// memory, so the use must not be held while the listener is awaited: `event=`, the listener
+/// got the transfer's event; `free_done_while_unanswered=true`, the free returned within 5 s
+/// while it was unanswered; then the events are answered (and every later one at once), and
+/// `io=` is the transfer's end (EKEYREVOKED: the memory went while it waited).
+fn perm_stall(path: &str, write: bool) -> gdirect::Result<()> {
+    use std::sync::{atomic::AtomicBool, mpsc};
+    let fail = alloc_error;
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let alloc = gpu.alloc(16 * EGPU_PAGE)?;
+    let va = alloc.va();
+    let reg = driver.register(&alloc)?;
+    let listener = PermListener::new(path, write)?;
+    let direct = if write {
+        gdirect::File::open_direct_rw(path)?
+    } else {
+        gdirect::File::open_direct(path)?
+    };
+    let me = std::process::id() as i32;
+    let (free_tx, free_rx) = mpsc::channel();
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let transfer = s.spawn(|| {
+            let r = if write {
+                direct.write_from(&reg, 0, 0, 16 * EGPU_PAGE)
+            } else {
+                direct.read_into(&reg, 0, 0, 16 * EGPU_PAGE)
+            }
+            .map(|t| t.bytes);
+            done.store(true, Ordering::Release);
+            r
+        });
+        let first = listener.wait(Duration::from_secs(10));
+        println!(
+            "event={} from_this_process={}",
+            !first.is_empty(),
+            first.iter().any(|&(_, pid)| pid == me)
+        );
+        let g = gpu.clone();
+        std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            let r = g.free_va(va);
+            let _ = free_tx.send((r, t0.elapsed()));
+        });
+        let early = free_rx.recv_timeout(Duration::from_secs(5));
+        println!("free_done_while_unanswered={}", early.is_ok());
+        listener.allow(first);
+        // Every later event answered at once, until the transfer ends.
+        while !done.load(Ordering::Acquire) {
+            listener.allow(listener.wait(Duration::from_millis(50)));
+        }
+        let (freed, took) = match early {
+            Ok(x) => x,
+            Err(_) => free_rx
+                .recv()
+                .map_err(|_| fail("the free's report")(Errno::EIO))?,
+        };
+        println!(
+            "free_ms={} free={:?}",
+            took.as_millis(),
+            freed.map(|r| r.callbacks)
+        );
+        let r = transfer
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
         match r {
             Ok(n) => println!("io={n}"),
             Err(e) => match e.errno() {
