@@ -236,22 +236,20 @@ pub(crate) fn direct_io(
 /// overwrite that [`Wait::NoWait`] lets through. Waits for the inode's lock like any
 /// `fallocate`. Only below the caller's file size limit, where the write it prepares is cut
 /// (`generic_write_check_limits()`): an allocation across it would send `SIGXFSZ`, which the
-/// write sends only from the limit on.
-fn allocate(file: &File, pos: u64, len: u64) -> Result {
+/// write sends only from the limit on. A failure is left for the write to meet (it is tried
+/// again, then bounced).
+fn allocate(file: &File, pos: u64, len: u64) {
     let limit = fsize_limit();
     if pos >= limit {
-        return Ok(());
+        return;
     }
     let len = len.min(limit - pos);
-    let pos = i64::try_from(pos).map_err(|_| EOVERFLOW)?;
-    let len = i64::try_from(len).map_err(|_| EOVERFLOW)?;
+    let (Ok(pos), Ok(len)) = (i64::try_from(pos), i64::try_from(len)) else {
+        return;
+    };
     // SAFETY: `file` is a valid, referenced file; `vfs_fallocate()` makes the permission and
     // range checks of the system call.
-    let ret = unsafe { bindings::vfs_fallocate(file.as_ptr(), 0, pos, len) };
-    if ret < 0 {
-        return Err(Error::from_errno(ret));
-    }
-    Ok(())
+    unsafe { bindings::vfs_fallocate(file.as_ptr(), 0, pos, len) };
 }
 
 /// Updates the file's modification and change times, as a write to it is about to
@@ -259,20 +257,16 @@ fn allocate(file: &File, pos: u64, len: u64) -> Result {
 /// write that follows with [`Wait::NoWait`] has no timestamp to update: XFS refuses that
 /// without waiting for a transaction (`kiocb_modified()`, `xfs_vn_update_time()`), and with
 /// multigrain timestamps nearly every write needs one. Nothing to do where the times are new.
-pub(crate) fn touch(file: &File) -> Result {
+/// A failure is left for the write to meet, which updates them itself.
+pub(crate) fn touch(file: &File) {
     // SAFETY: `file` is a valid, referenced file. Inside the file system's freeze protection,
     // as a write's own update is (`file_start_write()`, waiting for a frozen file system to
     // thaw: the caller holds no use); the calls take no lock the caller holds.
-    let ret = unsafe {
+    unsafe {
         gdirect_file_start_write(file.as_ptr().cast());
-        let ret = bindings::file_update_time(file.as_ptr());
+        bindings::file_update_time(file.as_ptr());
         gdirect_file_end_write(file.as_ptr().cast());
-        ret
-    };
-    if ret < 0 {
-        return Err(Error::from_errno(ret));
     }
-    Ok(())
 }
 
 /// Does, with no use of the memory held, what a direct I/O of `len` bytes at `pos` waits for
@@ -289,7 +283,7 @@ pub(crate) fn settle(file: &File, dir: Dir, pos: u64, len: u64) {
         // SAFETY: `kiocb` was initialized for `file`, at `pos`.
         Dir::Read => unsafe { bindings::kiocb_write_and_wait(&mut kiocb, count) },
         Dir::Write => {
-            let _ = allocate(file, pos, len);
+            allocate(file, pos, len);
             // SAFETY: as above.
             unsafe { bindings::kiocb_invalidate_pages(&mut kiocb, count) }
         }

@@ -522,9 +522,8 @@ impl Transfer {
             let mut settles = 0;
             let got = loop {
                 if self.dir == Dir::Write && wait == Wait::NoWait {
-                    // The times a write updates first, with no use held. A failure is met
-                    // again by the write.
-                    let _ = touch(&self.file);
+                    // The times a write updates first, with no use held.
+                    touch(&self.file);
                 }
                 // The memory's device checked with no use held: a free never waits for a config
                 // read (which a dead link may answer only at its completion timeout); and so
