@@ -1389,7 +1389,6 @@ fn query_stall(peer: PciAddress) -> gdirect::Result<()> {
 /// before), `write=` (the buffered write's result) and `io=` (the transfer's bytes, or the
 /// errno it failed with: `EKEYREVOKED` when the memory was gone before the data moved).
 fn lock_stall(path: &str, write: bool) -> gdirect::Result<()> {
-    use std::sync::mpsc;
     let fail = alloc_error;
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
@@ -1412,7 +1411,6 @@ fn lock_stall(path: &str, write: bool) -> gdirect::Result<()> {
     // SAFETY: the page is mapped and readable; the kernel's copy out of it faults into the
     // userfaultfd first.
     let page: &[u8] = unsafe { std::slice::from_raw_parts(stalled.page.as_ptr().cast(), 4096) };
-    let (free_tx, free_rx) = mpsc::channel();
     std::thread::scope(|s| {
         let writer = s.spawn(|| nix::sys::uio::pwrite(&buffered, page, 0));
         println!("write_faulted={}", stalled.faulted());
@@ -1426,26 +1424,11 @@ fn lock_stall(path: &str, write: bool) -> gdirect::Result<()> {
             .map(|t| t.bytes)
         });
         std::thread::sleep(Duration::from_millis(300));
-        let g = gpu.clone();
-        std::thread::spawn(move || {
-            let t0 = std::time::Instant::now();
-            let r = g.free_va(va);
-            let _ = free_tx.send((r, t0.elapsed()));
-        });
-        let early = free_rx.recv_timeout(Duration::from_secs(5));
+        let freed = free_apart(gpu.clone(), va);
+        let early = freed.recv_timeout(Duration::from_secs(5));
         println!("free_done_while_write_stalled={}", early.is_ok());
         println!("served={}", stalled.serve().is_ok());
-        let (freed, took) = match early {
-            Ok(x) => x,
-            Err(_) => free_rx
-                .recv()
-                .map_err(|_| fail("the free's report")(Errno::EIO))?,
-        };
-        println!(
-            "free_ms={} free={:?}",
-            took.as_millis(),
-            freed.map(|r| r.callbacks)
-        );
+        report_free(early, &freed)?;
         let w = writer
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
@@ -1456,17 +1439,59 @@ fn lock_stall(path: &str, write: bool) -> gdirect::Result<()> {
             "write={}",
             w.map_or_else(|e| e.to_string(), |n| n.to_string())
         );
-        match r {
-            Ok(n) => println!("io={n}"),
-            Err(e) => match e.errno() {
-                Some(errno) => println!("io={errno:?} error={e}"),
-                None => println!("io=none error={e}"),
-            },
-        }
+        report_io(r);
         Ok::<(), Error>(())
     })?;
     drop(reg);
     Ok(())
+}
+
+/// What a free made apart ([`free_apart`]) reports, and how long it took.
+type FreeDone = (
+    gdirect::Result<gdirect_internals::egpu::FreeReport>,
+    Duration,
+);
+
+/// Frees `va` of the emulated GPU on a thread of its own: the receiver gets the report.
+fn free_apart(gpu: std::sync::Arc<Egpu>, va: u64) -> std::sync::mpsc::Receiver<FreeDone> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        let r = gpu.free_va(va);
+        let _ = tx.send((r, t0.elapsed()));
+    });
+    rx
+}
+
+/// Prints `free_ms=` and `free=` (the callbacks it ran) of a free made apart: what came within
+/// the wait (`early`), or what comes later.
+fn report_free(
+    early: Result<FreeDone, std::sync::mpsc::RecvTimeoutError>,
+    rx: &std::sync::mpsc::Receiver<FreeDone>,
+) -> gdirect::Result<()> {
+    let (freed, took) = match early {
+        Ok(x) => x,
+        Err(_) => rx
+            .recv()
+            .map_err(|_| alloc_error("the free's report")(Errno::EIO))?,
+    };
+    println!(
+        "free_ms={} free={:?}",
+        took.as_millis(),
+        freed.map(|r| r.callbacks)
+    );
+    Ok(())
+}
+
+/// Prints `io=`: a transfer's byte count, or its errno and error.
+fn report_io(r: gdirect::Result<u64>) {
+    match r {
+        Ok(n) => println!("io={n}"),
+        Err(e) => match e.errno() {
+            Some(errno) => println!("io={errno:?} error={e}"),
+            None => println!("io=none error={e}"),
+        },
+    }
 }
 
 /// A fanotify listener of one file that holds the permission events it reads until told to
@@ -1583,8 +1608,7 @@ impl PermListener {
 /// while it was unanswered; then the events are answered (and every later one at once), and
 /// `io=` is the transfer's end (EKEYREVOKED: the memory went while it waited).
 fn perm_stall(path: &str, write: bool) -> gdirect::Result<()> {
-    use std::sync::{atomic::AtomicBool, mpsc};
-    let fail = alloc_error;
+    use std::sync::atomic::AtomicBool;
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
     let alloc = gpu.alloc(16 * EGPU_PAGE)?;
@@ -1597,7 +1621,6 @@ fn perm_stall(path: &str, write: bool) -> gdirect::Result<()> {
         gdirect::File::open_direct(path)?
     };
     let me = std::process::id() as i32;
-    let (free_tx, free_rx) = mpsc::channel();
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {
         let transfer = s.spawn(|| {
@@ -1616,40 +1639,20 @@ fn perm_stall(path: &str, write: bool) -> gdirect::Result<()> {
             !first.is_empty(),
             first.iter().any(|&(_, pid)| pid == me)
         );
-        let g = gpu.clone();
-        std::thread::spawn(move || {
-            let t0 = std::time::Instant::now();
-            let r = g.free_va(va);
-            let _ = free_tx.send((r, t0.elapsed()));
-        });
-        let early = free_rx.recv_timeout(Duration::from_secs(5));
+        let freed = free_apart(gpu.clone(), va);
+        let early = freed.recv_timeout(Duration::from_secs(5));
         println!("free_done_while_unanswered={}", early.is_ok());
         listener.allow(first);
         // Every later event answered at once, until the transfer ends.
         while !done.load(Ordering::Acquire) {
             listener.allow(listener.wait(Duration::from_millis(50)));
         }
-        let (freed, took) = match early {
-            Ok(x) => x,
-            Err(_) => free_rx
-                .recv()
-                .map_err(|_| fail("the free's report")(Errno::EIO))?,
-        };
-        println!(
-            "free_ms={} free={:?}",
-            took.as_millis(),
-            freed.map(|r| r.callbacks)
+        report_free(early, &freed)?;
+        report_io(
+            transfer
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p)),
         );
-        let r = transfer
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        match r {
-            Ok(n) => println!("io={n}"),
-            Err(e) => match e.errno() {
-                Some(errno) => println!("io={errno:?} error={e}"),
-                None => println!("io=none error={e}"),
-            },
-        }
         Ok::<(), Error>(())
     })?;
     drop(reg);
