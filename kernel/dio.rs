@@ -46,6 +46,38 @@ const IOCB_APPEND: i32 = 0x10;
 /// `IOCB_NOWAIT`, likewise `RWF_NOWAIT` of the uapi.
 const IOCB_NOWAIT: i32 = 0x8;
 
+/// `FMODE_READ`, `FMODE_WRITE`, `FMODE_CAN_READ` and `FMODE_CAN_WRITE` (`include/linux/fs.h`):
+/// bindgen cannot evaluate their casts; `layout.rs` checks them against C's at load.
+pub(crate) const FMODE_READ: u32 = 1 << 0;
+/// See [`FMODE_READ`].
+pub(crate) const FMODE_WRITE: u32 = 1 << 1;
+/// See [`FMODE_READ`].
+pub(crate) const FMODE_CAN_READ: u32 = 1 << 17;
+/// See [`FMODE_READ`].
+pub(crate) const FMODE_CAN_WRITE: u32 = 1 << 18;
+
+/// Whether `file` was opened for I/O of `dir`, as `vfs_iocb_iter_read()`/`_write()` answer it:
+/// `EBADF` without `FMODE_READ`/`FMODE_WRITE` (opened `O_WRONLY` or `O_RDONLY`, or with the
+/// access mode 3, which opens for `ioctl`s alone and has neither: no write access taken, so no
+/// `ETXTBSY`, no hold on a read-only remount, no `BLK_OPEN_WRITE` on a block device), `EINVAL`
+/// without the operation (`FMODE_CAN_READ`/`FMODE_CAN_WRITE`).
+pub(crate) fn open_for(file: &File, dir: Dir) -> Result {
+    // SAFETY: a referenced file's mode is set at open; reading it races with nothing that
+    // matters (the bits tested are not changed after open).
+    let mode = unsafe { (*file.as_ptr()).f_mode };
+    let (open, can) = match dir {
+        Dir::Read => (FMODE_READ, FMODE_CAN_READ),
+        Dir::Write => (FMODE_WRITE, FMODE_CAN_WRITE),
+    };
+    if mode & open == 0 {
+        return Err(EBADF);
+    }
+    if mode & can == 0 {
+        return Err(EINVAL);
+    }
+    Ok(())
+}
+
 /// Whether a direct I/O may wait in the file system before its data moves.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wait {
@@ -104,8 +136,10 @@ pub(crate) struct Verified {
 /// range from elsewhere) for as long as it takes. Made before a chunk takes its use of device
 /// memory, which a free waits for: [`direct_io`] then does the I/O without them, as those
 /// functions do after theirs. Its checks stand for an I/O of the same direction inside the
-/// range.
+/// range. Never called inside the file system's freeze protection (a permission listener may
+/// write to the file system: `fsnotify_file_area_perm()`).
 pub(crate) fn verify(file: &File, dir: Dir, pos: u64, len: u64) -> Result<Verified> {
+    open_for(file, dir)?;
     let (count, end) = (
         usize::try_from(len)?,
         pos.checked_add(len).ok_or(EOVERFLOW)?,
@@ -127,8 +161,8 @@ pub(crate) fn verify(file: &File, dir: Dir, pos: u64, len: u64) -> Result<Verifi
 /// One synchronous direct I/O of `len` bytes at `pos` over `bvecs`, inside a range `checked`
 /// by [`verify`]: the file system's `->read_iter`/`->write_iter`, called as
 /// `vfs_iocb_iter_read()`/`_write()` call it after their checks (a write inside the file
-/// system's freeze protection, `file_start_write()`; fsnotify told of the access or change
-/// after), so that no permission event is awaited here.
+/// system's freeze protection, `file_start_write()`), so that no permission event is awaited
+/// here. The caller tells fsnotify after ([`notify`]).
 pub(crate) fn direct_io(
     file: &File,
     checked: &Verified,
@@ -209,26 +243,31 @@ pub(crate) fn direct_io(
     }
     // SAFETY: `kiocb` was initialized for `file` without a completion callback, so the call
     // returns only when the I/O is done; `iter` describes `bvecs`; `op` is the file's own
-    // operation, called as the VFS calls it.
+    // operation, called as the VFS calls it after its checks, which `verify` made (the file
+    // open for this direction with the operation, `open_for`; `rw_verify_area`).
     let ret = unsafe { op(&mut kiocb, &mut iter) };
-    // SAFETY: `f` is a valid, referenced file: the freeze protection taken above ended; fsnotify
-    // told as the VFS tells it (events queued, nothing awaited).
-    unsafe {
-        match dir {
-            Dir::Write => {
-                gdirect_file_end_write(f);
-                if ret > 0 {
-                    gdirect_fsnotify_modify(f);
-                }
-            }
-            Dir::Read if ret >= 0 => gdirect_fsnotify_access(f),
-            Dir::Read => {}
-        }
+    if dir == Dir::Write {
+        // SAFETY: `f` is a valid, referenced file whose freeze protection was taken above.
+        unsafe { gdirect_file_end_write(f) };
     }
     if ret < 0 {
         return Err(Error::from_errno(ret as i32));
     }
     Ok(ret as u64)
+}
+
+/// Tells fsnotify of a [`direct_io`] that returned `got`, as `vfs_iocb_iter_read()`/`_write()`
+/// tell it after theirs (an access for a read that did not fail, a change for a write that
+/// moved bytes): after the chunk's use of the memory ended, since queueing an event allocates.
+pub(crate) fn notify(file: &File, dir: Dir, got: &Result<u64>) {
+    let f = file.as_ptr().cast();
+    match (dir, got) {
+        // SAFETY: `f` is a valid, referenced file; the events are queued, nothing is awaited.
+        (Dir::Read, Ok(_)) => unsafe { gdirect_fsnotify_access(f) },
+        // SAFETY: as above.
+        (Dir::Write, Ok(n)) if *n > 0 => unsafe { gdirect_fsnotify_modify(f) },
+        _ => {}
+    }
 }
 
 /// Allocates `len` bytes of `file` at `pos` (`fallocate(2)` with mode 0: unwritten extents, the

@@ -52,6 +52,8 @@ use crate::{
     bounce,
     dio::{
         direct_io,
+        notify,
+        open_for,
         settle,
         touch,
         verify,
@@ -246,18 +248,30 @@ unsafe fn data_elsewhere(f: *mut bindings::file) -> bool {
     }
 }
 
-/// Whether the file system does no direct I/O for the regular file `f`, and would serve the
-/// chunks' `IOCB_DIRECT` through the page cache, the CPU copying between it and the memory:
-/// ext4 answers `STATX_DIOALIGN` with alignment 0 for a file whose data it journals
+/// Whether the file system does no direct I/O for this transfer of the regular file `f` (`dir`,
+/// `len` bytes at `pos` of the file and `buf_offset` of the memory), and would serve the chunks'
+/// `IOCB_DIRECT` through the page cache, the CPU copying between it and the memory. Its
+/// `STATX_DIOALIGN` answer tells: ext4 answers alignment 0 for a file whose data it journals
 /// (`data=journal`, `chattr +j`), with fs-verity, inline data, or an encryption policy the block
-/// layer cannot apply (`ext4_dio_alignment()`); XFS answers with its alignment for every file. A
-/// file system that gives no answer, or an error, counts as yes: the bounce path is right for
-/// any file. (Only ext4 and XFS files ask: others are [`data_elsewhere`].)
+/// layer cannot apply (`ext4_dio_alignment()`), and the block size for an encrypted file, whose
+/// direct I/O off that alignment falls back to the page cache (`ext4_should_use_dio()`); XFS
+/// answers a reflinked file's allocation unit as a write's offset alignment, under which it
+/// writes through the page cache (`xfs_report_dioalign()`, `STATX_DIO_READ_ALIGN` for reads). The
+/// chunks start at `pos` plus multiples of [`DIRECT_CHUNK`] (a multiple of any such alignment),
+/// so the transfer's ends and memory offset decide. A file system that gives no answer, or an
+/// error, counts as yes: the bounce path is right for any file. (Only ext4 and XFS files ask:
+/// others are [`data_elsewhere`].)
 ///
 /// # Safety
 ///
 /// `f` is a valid, referenced regular file.
-unsafe fn no_direct_io(f: *mut bindings::file) -> bool {
+unsafe fn no_direct_io(
+    f: *mut bindings::file,
+    dir: Dir,
+    pos: u64,
+    len: u64,
+    buf_offset: u64,
+) -> bool {
     let mut stat = bindings::kstat::default();
     // SAFETY: a referenced file's path is valid for as long as the file; `stat` is a local the
     // file system fills in. No security check: the module asks for its own use, of a file the
@@ -266,11 +280,21 @@ unsafe fn no_direct_io(f: *mut bindings::file) -> bool {
         bindings::vfs_getattr_nosec(
             &raw const (*f).__bindgen_anon_1.f_path,
             &mut stat,
-            bindings::STATX_DIOALIGN,
+            bindings::STATX_DIOALIGN | bindings::STATX_DIO_READ_ALIGN,
             bindings::AT_STATX_DONT_SYNC,
         )
     };
-    err != 0 || stat.result_mask & bindings::STATX_DIOALIGN == 0 || stat.dio_mem_align == 0
+    if err != 0 || stat.result_mask & bindings::STATX_DIOALIGN == 0 || stat.dio_mem_align == 0 {
+        return true;
+    }
+    let read_align = stat.result_mask & bindings::STATX_DIO_READ_ALIGN != 0;
+    let offset_align = match dir {
+        Dir::Read if read_align && stat.dio_read_offset_align != 0 => stat.dio_read_offset_align,
+        _ => stat.dio_offset_align,
+    };
+    let misaligned =
+        |x: u64, align: u32| NonZeroU64::new(u64::from(align)).is_some_and(|a| x % a != 0);
+    misaligned(pos | len, offset_align) || misaligned(buf_offset, stat.dio_mem_align)
 }
 
 /// A validated transfer, ready to run (now, or on the module's workqueue).
@@ -314,14 +338,9 @@ impl Transfer {
         if file.flags() & file::flags::O_DIRECT == 0 {
             return Err(error::not_direct());
         }
-        let access = file.flags() & file::flags::O_ACCMODE;
-        let allowed = match dir {
-            Dir::Read => access != file::flags::O_WRONLY,
-            Dir::Write => access != file::flags::O_RDONLY,
-        };
-        if !allowed {
-            return Err(EBADF);
-        }
+        // Opened for this direction: the file's mode, not its access flags (the access mode 3
+        // opens for neither).
+        open_for(&file, dir)?;
         let target = Target::of(&file)?;
         let lbs = target.logical_block_size;
         // `u64 % NonZeroU64`: no division-by-zero check, no panic path.
@@ -438,7 +457,15 @@ impl Transfer {
             && target.regular
             && !target.data_elsewhere
             // SAFETY: the transfer holds its file, a regular file.
-            && unsafe { no_direct_io(self.file.as_ptr()) };
+            && unsafe {
+                no_direct_io(
+                    self.file.as_ptr(),
+                    self.dir,
+                    self.file_offset,
+                    self.len,
+                    self.buf_offset,
+                )
+            };
         let (path, reason) = path::decide(Facts {
             force_bounce: self.force_bounce,
             memory,
@@ -520,17 +547,17 @@ impl Transfer {
         while done < len {
             let mut n = (len - done).min(DIRECT_CHUNK);
             let mut settles = 0;
+            // The permission checks with no use held, once a chunk (its tries move this range
+            // or less): their fsnotify events wait for a listener's answer.
+            let checked = verify(&self.file, self.dir, self.file_offset + done, n)?;
             let got = loop {
                 if self.dir == Dir::Write && wait == Wait::NoWait {
                     // The times a write updates first, with no use held.
                     touch(&self.file);
                 }
                 // The memory's device checked with no use held: a free never waits for a config
-                // read (which a dead link may answer only at its completion timeout); and so
-                // are the permission checks, whose fsnotify events wait for a listener's
-                // answer.
+                // read (which a dead link may answer only at its completion timeout).
                 self.owner_present()?;
-                let checked = verify(&self.file, self.dir, self.file_offset + done, n)?;
                 let got = {
                     // Room in the user's share of the storage first, then in the
                     // registration's (what a revocation waits for): neither is held while the
@@ -542,6 +569,7 @@ impl Transfer {
                     let pos = self.file_offset + done;
                     direct_io(&self.file, &checked, pos, bvecs.as_slice(), n, wait)
                 };
+                notify(&self.file, self.dir, &got);
                 match got {
                     // A write to a file ext4 writes through the page cache (no direct I/O:
                     // its journal mode changed, `chattr +j`, after the path was chosen, see
@@ -615,8 +643,10 @@ impl Transfer {
                     let checked = verify(&self.file, Dir::Read, pos, n)?;
                     let got = {
                         let _io = self.reg.user.start_io(n)?;
-                        direct_io(&self.file, &checked, pos, bvecs.as_slice(), n, Wait::Block)?
+                        direct_io(&self.file, &checked, pos, bvecs.as_slice(), n, Wait::Block)
                     };
+                    notify(&self.file, Dir::Read, &got);
+                    let got = got?;
                     {
                         let _use = self.reg.shared.begin_use()?;
                         copy_device(&self.reg, buf, got, |off, dev, n| {
@@ -642,7 +672,10 @@ impl Transfer {
                     let _io = self.reg.user.start_io(n)?;
                     (end, n) = self.limit_first(done, end, n)?;
                     let bvecs = chunk.bvecs(n)?;
-                    direct_io(&self.file, &checked, pos, bvecs.as_slice(), n, Wait::Block)?
+                    let wrote =
+                        direct_io(&self.file, &checked, pos, bvecs.as_slice(), n, Wait::Block);
+                    notify(&self.file, Dir::Write, &wrote);
+                    wrote?
                 }
             };
             done += moved;

@@ -24,6 +24,8 @@ use kernel::{
     prelude::*, //
 };
 
+use crate::dio;
+
 /// One of `shim.c`'s layout facts.
 #[repr(C)]
 struct Fact {
@@ -59,6 +61,11 @@ macro_rules! size {
 const RUST: &[(&str, usize)] = &[
     off!(file, "f_inode", f_inode),
     off!(file, "f_op", f_op),
+    off!(file, "f_mode", f_mode),
+    ("FMODE_READ", dio::FMODE_READ as usize),
+    ("FMODE_WRITE", dio::FMODE_WRITE as usize),
+    ("FMODE_CAN_READ", dio::FMODE_CAN_READ as usize),
+    ("FMODE_CAN_WRITE", dio::FMODE_CAN_WRITE as usize),
     off!(file_operations, "read_iter", read_iter),
     off!(file_operations, "write_iter", write_iter),
     off!(file, "f_mapping", f_mapping),

@@ -68,8 +68,9 @@ pub(crate) struct Facts {
     /// The file's data is not on the block device the other facts are about (an XFS realtime
     /// file is on the realtime device, which the module cannot find).
     pub(crate) data_elsewhere: bool,
-    /// The file system does no direct I/O for the file (its `STATX_DIOALIGN` alignment is 0):
-    /// its direct I/O goes through the page cache, and the CPU would copy into the memory.
+    /// The file system does no direct I/O for the file (its `STATX_DIOALIGN` alignment is 0),
+    /// or for this request (off that alignment): its direct I/O goes through the page cache,
+    /// and the CPU would copy between it and the memory.
     pub(crate) no_direct_io: bool,
     /// The file's block queue has `BLK_FEAT_PCI_P2PDMA`.
     pub(crate) queue_p2p: bool,

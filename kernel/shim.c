@@ -377,8 +377,9 @@ void gdirect_dev_put(struct net_device *dev)
 
 /*
  * Layout facts for layout.rs: the offset C gives each field of a kernel structure that the
- * Rust code reads or writes through bindgen's definitions, and the size of each structure it
- * builds or zeroes itself. Only C knows them (offsetof, sizeof); the comparison is in Rust.
+ * Rust code reads or writes through bindgen's definitions, the size of each structure it
+ * builds or zeroes itself, and the values of the macros it restates (bindgen cannot evaluate
+ * their casts). Only C knows them (offsetof, sizeof); the comparison is in Rust.
  */
 struct gdirect_layout {
 	const char *name;
@@ -386,9 +387,15 @@ struct gdirect_layout {
 };
 #define GD_OFF(type, field) { #type "." #field, offsetof(struct type, field) }
 #define GD_SIZE(type) { "sizeof " #type, sizeof(struct type) }
+#define GD_VALUE(name) { #name, (__force size_t)(name) }
 static const struct gdirect_layout gdirect_layout_facts[] = {
 	GD_OFF(file, f_inode),
 	GD_OFF(file, f_op),
+	GD_OFF(file, f_mode),
+	GD_VALUE(FMODE_READ),
+	GD_VALUE(FMODE_WRITE),
+	GD_VALUE(FMODE_CAN_READ),
+	GD_VALUE(FMODE_CAN_WRITE),
 	GD_OFF(file_operations, read_iter),
 	GD_OFF(file_operations, write_iter),
 	GD_OFF(file, f_mapping),

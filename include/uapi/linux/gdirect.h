@@ -347,7 +347,8 @@ struct gdirect_query_args {
  *
  *  EINVAL      zero length, unknown flag bits, nonzero reserved fields.
  *  EBADF       fd is not an open file, or not open for reading (READ) or
- *              writing (WRITE).
+ *              writing (WRITE): open(2)'s access mode 3, which opens for
+ *              ioctls alone, is open for neither.
  *  EBADFD      fd is not open with O_DIRECT (checked when the request is made,
  *              and again when its I/O starts: a batch entry whose file had
  *              O_DIRECT cleared by fcntl(F_SETFL) meanwhile fails with it).
@@ -428,10 +429,13 @@ enum gdirect_path_reason {
 	 * The file system does no direct I/O for this file: ext4 in data=journal
 	 * mode or with the file's journal-data attribute (chattr +j), a file
 	 * with fs-verity, inline data or an encryption policy the block layer
-	 * cannot apply (statx(2) reports STATX_DIOALIGN with dio_mem_align 0).
-	 * Its direct reads and writes go through the page cache, so that peer to
-	 * peer the CPU would copy between the page cache and GPU memory; the
-	 * bounce pool does that copy in host memory instead, and says so. Checked
+	 * cannot apply (statx(2) reports STATX_DIOALIGN with dio_mem_align 0);
+	 * or none for this request, whose offsets are off the alignment statx
+	 * reports (an encrypted ext4 file's block size; a reflinked XFS file's
+	 * allocation unit, for writes). Its direct reads and writes go through
+	 * the page cache, so that peer to peer the CPU would copy between the
+	 * page cache and GPU memory; the bounce pool does that copy in host
+	 * memory instead, and says so. Checked
 	 * when each transfer starts: a file whose journal mode changes in the
 	 * middle of a transfer may still have its last chunks copied by the file
 	 * system. Not in GDIRECT_IOC_GET_STATS_V1's counts.

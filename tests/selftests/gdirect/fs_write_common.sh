@@ -5,12 +5,12 @@
 # 4 MiB from GPU memory (bytes the host knows: a region of the other drive) into
 # four kinds of file: an empty one the write extends, a preallocated one
 # (unwritten extents), a sparse one (a hole) and one whose pages are in the page
-# cache. Each write is checked four
-# ways: its report (bytes, path), QEMU's trace of the drive's DMA judged by the
-# host (the 4 MiB read from the GPU's BAR), the file read back in the guest, and
-# the host, which finds the file's extents (FIEMAP, the file system's own map)
-# in its image of the namespace and compares them with its image of the other
-# drive.
+# cache (and, on xfs, a reflinked one written off its allocation unit: bounced).
+# Each write is checked four ways: its report (bytes, path), QEMU's trace of the
+# drive's DMA judged by the host (the 4 MiB read from the GPU's BAR), the file
+# read back in the guest, and the host, which finds the file's extents (FIEMAP,
+# the file system's own map) in its image of the namespace and compares them
+# with its image of the other drive.
 
 mnt=/mnt/gdirect-w-$FS
 cleanup() {
@@ -31,7 +31,7 @@ src_at=$((24 * MiB))
 [ "$FS" = xfs ] && src_at=$((28 * MiB))
 
 ktap_print_header
-ktap_set_plan 23
+if [ "$FS" = xfs ]; then ktap_set_plan 25; else ktap_set_plan 23; fi
 
 _test "$FS made on $fsdev and mounted" _fs_make "$FS" "$fsdev" "$mnt"
 dd if="$src_dev" of=/tmp/fs-write-src bs=1M skip=$((src_at / MiB)) count=4 iflag=direct 2>/dev/null
@@ -103,4 +103,21 @@ appendonly() {
 		"$(_kv "$out" errno) $([ "$before" = "$after" ] && echo true || echo false)"
 }
 _test "append-only: a write at offset 0 through its O_APPEND descriptor refused (EPERM), the file unchanged" appendonly
+if [ "$FS" = xfs ]; then
+	# A reflinked file (its extents shared with another): XFS writes it out of place, by
+	# whole allocation units, and a write off that alignment through the page cache, which
+	# statx says (dio_offset_align, xfs_report_dioalign()). 4 MiB at 512 bytes (the drive's
+	# block) of such a file: bounced with the reason no_direct_io, never the CPU's copy out of
+	# the GPU's BAR into the page cache; the bytes read back.
+	reflinked() {
+		cp "$mnt/extending" "$mnt/shared" && gdirect-io reflink "$mnt/shared" "$mnt/reflinked" && sync || return 1
+		out=$(gdirect write "$mnt/reflinked" --from /tmp/fs-write-src --mem egpu --offset 512 --json)
+		ktap_print_msg "reflinked at 512: $(echo "$out" | jq -c '{bytes,path,reason,bounce_bytes}' 2>/dev/null)"
+		_expect_eq "bytes path reason" "$((4 * MiB)) bounce no_direct_io" \
+			"$(echo "$out" | jq -r '"\(.bytes) \(.path) \(.reason)"')"
+	}
+	_test "reflinked: a write off its allocation unit bounced, with the reason no_direct_io" reflinked
+	back512() { dd if="$mnt/reflinked" bs=512 skip=1 count=8192 iflag=direct 2>/dev/null | cmp - /tmp/fs-write-src; }
+	_test "reflinked: the guest reads the bytes back" back512
+fi
 _test "the file system unmounts cleanly" umount "$mnt"

@@ -3,7 +3,8 @@
 #
 # Every kind of bad transfer gets its documented errno (include/uapi/linux/
 # gdirect.h): a file without O_DIRECT, misaligned offsets and lengths, a buffer
-# range past the registration, a closed fd, a read-only fd written to, a file
+# range past the registration, a closed fd, a read-only fd written to, an fd of
+# the access mode 3 (ioctls only) read or written, a file
 # not on a block device, an unknown handle, a revoked registration, a bad batch
 # entry (refused with its index) - and nothing is logged or left pinned.
 
@@ -27,6 +28,8 @@ buf_overflow EOVERFLOW
 zero_length EINVAL
 unknown_flags EINVAL
 write_on_read_only EBADF
+mode3_read EBADF
+mode3_write EBADF
 closed_fd EBADF
 not_block_backed ENOTBLK
 unknown_handle ENOENT

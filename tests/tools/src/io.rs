@@ -108,6 +108,8 @@
 //!                                 `sigxfsz_pending=` (a SIGXFSZ sent at any time stays
 //!                                 pending, through the exec too), the file's size and
 //!                                 whether its last 16 KiB are the bytes written
+//!   reflink SRC DST               DST (created) made a clone of SRC sharing its extents
+//!                                 (FICLONE, as `cp --reflink=always`, which busybox lacks)
 //!   fiemap FILE                   the file's extents as its file system maps them (FIEMAP,
 //!                                 synced first): one `logical physical length flags` line each,
 //!                                 in bytes, so that the host can find the data in a drive image
@@ -242,6 +244,7 @@ fn main() -> ExitCode {
             _ => return usage(),
         },
         Some("fiemap") if args.len() == 2 => fiemap(&args[1]),
+        Some("reflink") if args.len() == 3 => reflink(&args[1], &args[2]),
         Some("slot-power") if args.len() == 3 => match args[2].as_str() {
             "on" => slot_power(&args[1], true),
             "off" => slot_power(&args[1], false),
@@ -377,6 +380,35 @@ fn slot_power(port: &str, on: bool) -> gdirect::Result<()> {
     let now = read16(cap + 0x18)?;
     let present = read16(cap + 0x1a)? & 0x40 != 0;
     println!("slot_control={before:#06x} written={after:#06x} now={now:#06x} present={present}");
+    Ok(())
+}
+
+/// `reflink SRC DST`: DST, created, made a clone of SRC (`FICLONE`): its extents shared.
+fn reflink(src: &str, dst: &str) -> gdirect::Result<()> {
+    /// `FICLONE`, `_IOW(0x94, 9, int)` (`linux/fs.h`).
+    const FICLONE: u64 = 0x4004_9409;
+    let open_err = |path: &str| {
+        let path = path.to_owned();
+        move |e: std::io::Error| Error::OpenFile {
+            path: path.clone().into(),
+            errno: Errno::from_raw(e.raw_os_error().unwrap_or(5)),
+        }
+    };
+    let from = StdFile::open(src).map_err(open_err(src))?;
+    let to = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(dst)
+        .map_err(open_err(dst))?;
+    // SAFETY: FICLONE takes the source descriptor by value; both descriptors are open.
+    let r = unsafe { nix::libc::ioctl(to.as_raw_fd(), FICLONE as _, from.as_raw_fd()) };
+    if r < 0 {
+        return Err(Error::OpenFile {
+            path: dst.into(),
+            errno: Errno::last(),
+        });
+    }
     Ok(())
 }
 
@@ -1315,6 +1347,34 @@ fn errors(dev: &str) -> gdirect::Result<()> {
     out(
         "write_on_read_only",
         raw_read(&driver, h, fd, 0, 0, 4096, 0, raw::GDIRECT_IOC_WRITE),
+    );
+    // The access mode 3 (O_RDONLY | O_WRONLY | O_RDWR's bits both set) opens for ioctls alone:
+    // neither read nor write access (no FMODE_READ, no FMODE_WRITE), so neither direction.
+    let mode3 = nix::fcntl::open(
+        dev,
+        nix::fcntl::OFlag::from_bits_retain(3) | nix::fcntl::OFlag::O_DIRECT,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|errno| Error::OpenFile {
+        path: dev.into(),
+        errno,
+    })?;
+    out(
+        "mode3_read",
+        raw_read(&driver, h, mode3.as_raw_fd(), 0, 0, 4096, 0, read),
+    );
+    out(
+        "mode3_write",
+        raw_read(
+            &driver,
+            h,
+            mode3.as_raw_fd(),
+            0,
+            0,
+            4096,
+            0,
+            raw::GDIRECT_IOC_WRITE,
+        ),
     );
     // A descriptor number that is not open.
     let closed = {

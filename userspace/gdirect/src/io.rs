@@ -88,7 +88,8 @@ pub enum Reason {
     /// device's queue and reach could not be checked.
     DataDevice,
     /// The file system does no direct I/O for the file (ext4 journalling its data, fs-verity,
-    /// inline data): peer to peer, the CPU would copy between the page cache and the memory.
+    /// inline data), or for a request off the alignment it needs: peer to peer, the CPU would
+    /// copy between the page cache and the memory.
     NoDirectIo,
     /// A value this library does not know (a newer module): reported as it came.
     Unknown(u32),
@@ -184,8 +185,11 @@ impl Reason {
                 .to_string(),
             Self::NoDirectIo => "the file system does no direct I/O for this file (ext4 \
                                  journalling its data: mounted data=journal or chattr +j; \
-                                 fs-verity; inline data): it would copy the page cache into the \
-                                 memory by CPU, so the copy is made in host memory instead"
+                                 fs-verity; inline data), or for a request off the alignment it \
+                                 needs (an encrypted ext4 file's block size, a reflinked XFS \
+                                 file's allocation unit for writes): it would copy between the \
+                                 page cache and the memory by CPU, so the copy is made in host \
+                                 memory instead"
                 .to_string(),
             Self::Unknown(raw) => format!(
                 "reason {raw}, which this library does not know (the module is newer than it)"
