@@ -396,7 +396,12 @@ enum gdirect_path {
 	GDIRECT_PATH_COUNT = 3,
 };
 
-/* Why a request took its path (GDIRECT_REASON_NONE for P2P and host). */
+/*
+ * Why a request took its path (GDIRECT_REASON_NONE for P2P and host). A later
+ * module may add reasons (as GDIRECT_REASON_NO_DIRECT_IO was added): a reader
+ * of a completion's reason takes a value it does not know for a reason it
+ * cannot name, never as an index into a table of GDIRECT_REASON_COUNT.
+ */
 enum gdirect_path_reason {
 	GDIRECT_REASON_NONE = 0,
 	/* GDIRECT_IO_FORCE_BOUNCE was set. */
