@@ -74,20 +74,21 @@ _test "GET_STATS counted both transfers under no_direct_io" \
 	_expect_eq "no_direct_io transfers" $((counted + 2)) "$(reasons)"
 
 # An ordered mount: the journal-data attribute of one file (which ext4 honours only without
-# delayed allocation, ext4_inode_journal_mode(): nodelalloc). judge NAME WANT GOT: the report's
-# fields, then the file's bytes in GPU memory (host check).
-judge() { _expect_eq "$1" "$2" "$3" && _host_compare "gva:$(_rj .memory.address)" nvme0:$((20 * MiB)) $((4 * MiB)); }
+# delayed allocation, ext4_inode_journal_mode(): nodelalloc). The first MiB of each file read
+# (enough for the path; the debug kernel's bounce copies are slow). judge NAME WANT GOT: the
+# report's fields, then the file's bytes in GPU memory (host check).
+judge() { _expect_eq "$1" "$2" "$3" && _host_compare "gva:$(_rj .memory.address)" nvme0:$((20 * MiB)) "$MiB"; }
 ordered() { umount "$mnt" && mount -t ext4 -o nodelalloc "$FS_DEV" "$mnt" && cp "$mnt/f" "$mnt/j" && cp "$mnt/f" "$mnt/o" && sync; }
 _test "remounted ordered (nodelalloc), two copies of the file" ordered
 _test "chattr +j on one of them" chattr +j "$mnt/j"
-_gd_read "$mnt/j" --mem egpu
+_gd_read "$mnt/j" --mem egpu --len 1M
 _test "the chattr +j file: bounced with the reason no_direct_io, exact" \
-	judge "bytes path reason" "$((4 * MiB)) bounce no_direct_io" "$(_rj .bytes) $(_rj .path) $(_rj .reason)"
-_gd_read "$mnt/o" --mem egpu
+	judge "bytes path reason" "$MiB bounce no_direct_io" "$(_rj .bytes) $(_rj .path) $(_rj .reason)"
+_gd_read "$mnt/o" --mem egpu --len 1M
 _test "its sibling without the attribute: peer to peer, nothing bounced, exact" \
-	judge "bytes path bounce_bytes" "$((4 * MiB)) p2p 0" "$(_rj .bytes) $(_rj .path) $(_rj .bounce_bytes)"
+	judge "bytes path bounce_bytes" "$MiB p2p 0" "$(_rj .bytes) $(_rj .path) $(_rj .bounce_bytes)"
 _test "chattr -j on the first" chattr -j "$mnt/j"
-_gd_read "$mnt/j" --mem egpu
+_gd_read "$mnt/j" --mem egpu --len 1M
 _test "the same file now: peer to peer, exact (asked per transfer)" \
-	judge "bytes path bounce_bytes" "$((4 * MiB)) p2p 0" "$(_rj .bytes) $(_rj .path) $(_rj .bounce_bytes)"
+	judge "bytes path bounce_bytes" "$MiB p2p 0" "$(_rj .bytes) $(_rj .path) $(_rj .bounce_bytes)"
 ktap_finished

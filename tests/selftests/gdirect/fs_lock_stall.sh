@@ -9,10 +9,11 @@
 # the transfer's use of the pages, under the GPU driver's lock that every CUDA process needs:
 # the module must hold no use while the file system waits (it tries each chunk without
 # waiting, and bounces or allocates with no use held). Checked on ext4 and XFS, reads and
-# writes: the free returns while the lock is still held (within 5 s; the emulated GPU's free,
-# not the module, is timed), and the transfer, once the lock is let go, fails with EKEYREVOKED
-# (its memory is gone) rather than moving data. On the old module the free waited until the
-# fault was served (5008 ms: `free_done_while_write_stalled=false`).
+# writes: once the transfer's thread sleeps in the kernel (uninterruptibly, in three looks
+# 50 ms apart: at the lock), the free returns while the lock is still held (within 5 s; the
+# emulated GPU's free, not the module, is timed), and the transfer, once the lock is let go,
+# fails with EKEYREVOKED (its memory is gone) rather than moving data. On the old module the
+# free waited until the fault was served (5008 ms: `free_done_while_write_stalled=false`).
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 mnt=/mnt/gdirect-lock-stall
@@ -31,9 +32,9 @@ for fs in ext4 xfs; do
 		dd if=/dev/urandom of="$mnt/f" bs=1M count=4 status=none && sync
 		out=$(gdirect-reg lock-stall "$dir" "$mnt/f" 2>&1)
 		echo "$out" | while read -r l; do ktap_print_msg "$fs $dir: $l"; done
-		_test "$fs $dir: the free returned while the inode lock was held" \
-			_expect_eq "faulted early" "true true" \
-			"$(_kv "$out" write_faulted) $(_kv "$out" free_done_while_write_stalled)"
+		_test "$fs $dir: the transfer was at the lock, and the free returned while it was held" \
+			_expect_eq "faulted blocked early" "true true true" \
+			"$(_kv "$out" write_faulted) $(_kv "$out" transfer_blocked) $(_kv "$out" free_done_while_write_stalled)"
 		_test "$fs $dir: the transfer then failed, its memory gone" \
 			_expect_eq io EKEYREVOKED "$(_kv "$out" io)"
 		rm -f "$mnt/f"

@@ -68,7 +68,8 @@
 //!   query-stall PEER               a QUERY whose output buffer faults (userfaultfd, not served)
 //!   lock-stall read|write FILE     a transfer between FILE (ext4 or XFS) and GPU memory meeting
 //!                                  the inode's lock held by a buffered write stalled in a
-//!                                  userfaultfd, and the memory freed meanwhile (see the function)
+//!                                  userfaultfd (`transfer_blocked=`: its thread asleep in the
+//!                                  kernel), and the memory freed meanwhile (see the function)
 //!                                  while the memory is freed: the free must not wait for it
 //!   perm-stall read|write FILE     a transfer between FILE (ext4 or XFS) and GPU memory meeting
 //!                                  a fanotify permission event nobody answers yet (read: an
@@ -1415,15 +1416,24 @@ fn lock_stall(path: &str, write: bool) -> gdirect::Result<()> {
         let writer = s.spawn(|| nix::sys::uio::pwrite(&buffered, page, 0));
         println!("write_faulted={}", stalled.faulted());
         // A write extends the file: its blocks must be allocated first.
-        let transfer = s.spawn(|| {
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (reg, direct) = (&reg, &direct);
+        let transfer = s.spawn(move || {
+            let _ = tid_tx.send(nix::unistd::gettid());
             if write {
-                direct.write_from(&reg, 0, size, 16 * EGPU_PAGE)
+                direct.write_from(reg, 0, size, 16 * EGPU_PAGE)
             } else {
-                direct.read_into(&reg, 0, 0, 16 * EGPU_PAGE)
+                direct.read_into(reg, 0, 0, 16 * EGPU_PAGE)
             }
             .map(|t| t.bytes)
         });
-        std::thread::sleep(Duration::from_millis(300));
+        // The transfer at the lock before the free: its thread asleep in the kernel,
+        // uninterruptibly (an inode lock's wait), in three looks 50 ms apart.
+        let blocked = tid_rx
+            .recv_timeout(Duration::from_secs(5))
+            .ok()
+            .is_some_and(|tid| blocked_in_kernel(tid, Duration::from_secs(5)));
+        println!("transfer_blocked={blocked}");
         let freed = free_apart(gpu.clone(), va);
         let early = freed.recv_timeout(Duration::from_secs(5));
         println!("free_done_while_write_stalled={}", early.is_ok());
@@ -1444,6 +1454,36 @@ fn lock_stall(path: &str, write: bool) -> gdirect::Result<()> {
     })?;
     drop(reg);
     Ok(())
+}
+
+/// Whether the thread `tid` of this process sleeps uninterruptibly in the kernel (state `D` in
+/// its `/proc` stat) in three looks 50 ms apart, waiting up to `wait` for that; its `wchan` is
+/// printed (`wchan=`, where the kernel says).
+fn blocked_in_kernel(tid: nix::unistd::Pid, wait: Duration) -> bool {
+    let stat = format!("/proc/self/task/{tid}/stat");
+    // The state is the field after the command's closing parenthesis.
+    let state = || {
+        std::fs::read_to_string(&stat).ok().and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_owned))
+        })
+    };
+    let start = std::time::Instant::now();
+    let mut seen = 0;
+    while seen < 3 && start.elapsed() < wait {
+        seen = if state().as_deref() == Some("D") {
+            seen + 1
+        } else {
+            0
+        };
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let wchan = std::fs::read_to_string(format!("/proc/self/task/{tid}/wchan")).unwrap_or_default();
+    println!(
+        "wchan={}",
+        if wchan.is_empty() { "-" } else { wchan.trim() }
+    );
+    seen >= 3
 }
 
 /// What a free made apart ([`free_apart`]) reports, and how long it took.
