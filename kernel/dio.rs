@@ -223,8 +223,8 @@ pub(crate) fn direct_io(
             Dir::Write => (*fops).write_iter,
         }
     };
-    // As `vfs_iocb_iter_read()`/`_write()` answer a file without the operation. (The access
-    // mode was checked with the request: `Transfer::new`.)
+    // As `vfs_iocb_iter_read()`/`_write()` answer a file without the operation. (The open
+    // mode was checked by `verify`, and with the request.)
     let op = op.ok_or(EINVAL)?;
     let f = file.as_ptr().cast();
     if dir == Dir::Write {

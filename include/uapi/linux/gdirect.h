@@ -688,7 +688,7 @@ struct gdirect_stats_args {
  * GDIRECT_IOC_GET_STATS_V1: the same command with its first struct, from
  * before GDIRECT_REASON_NO_DIRECT_IO (the number is the same, the size in the
  * command code differs): the counts of the first GDIRECT_REASON_COUNT_V1
- * reasons. Still answered, for programs built against that header; a program
+ * reasons (so its bounce ops may exceed the sum of its reasons' counts). Still answered, for programs built against that header; a program
  * built against this one may fall back to it on EINVAL (a module older than
  * this header).
  */
