@@ -23,8 +23,9 @@ GDIRECT_TEST_TIMEOUT=10 "$GDIRECT_ROOT/scripts/vm" \
 	--run "$planted/leftover.sh" "$planted/overrun.sh" "$planted/after.sh" \
 	"$planted/dma_lie.sh" "$planted/dma_short.sh" "$planted/rig_left.sh" "$planted/after_rig.sh" >"$out" 2>&1
 rc=$?
-# The console's lines end in CR.
-has() { tr -d '\r' <"$out" | grep -qE "$1"; }
+# The console's lines end in CR. grep reads to the end (no -q): under pipefail, tr killed by
+# SIGPIPE after an early match would make a found line count as missing (it did, once).
+has() { tr -d '\r' <"$out" | grep -E "$1" >/dev/null; }
 check() {
 	local name=$1
 	shift
@@ -69,7 +70,7 @@ boot=$(mktemp "${TMPDIR:-/tmp}/gdirect-runner.XXXXXX")
 trap 'rm -f "$out" "$boot"' EXIT
 GDIRECT_BOOT_LIMIT=1,300 "$GDIRECT_ROOT/scripts/vm" --run "$planted/after.sh" >"$boot" 2>&1
 rc=$?
-bhas() { tr -d '\r' <"$boot" | grep -qE "$1"; }
+bhas() { tr -d '\r' <"$boot" | grep -E "$1" >/dev/null; }
 check "a boot past its limit: recorded as a hang, each CPU's instruction pointer placed" \
 	eval 'bhas "^vm: the guest hung at boot \(boot 1\): no GDIRECT-VM-BEGIN on the console after 1s" &&
 		bhas "^vm: the guest hung at boot \(boot 1\): sample [123]: CPU#0 [RE]IP [0-9a-f]+ CPL=[0-3] HLT=[01] [^ ]" &&
