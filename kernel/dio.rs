@@ -241,10 +241,9 @@ pub(crate) fn direct_io(
             }
         }
     }
+    // The VFS's checks before this call were made by `verify` (`open_for`, `rw_verify_area`).
     // SAFETY: `kiocb` was initialized for `file` without a completion callback, so the call
-    // returns only when the I/O is done; `iter` describes `bvecs`; `op` is the file's own
-    // operation, called as the VFS calls it after its checks, which `verify` made (the file
-    // open for this direction with the operation, `open_for`; `rw_verify_area`).
+    // returns only when the I/O is done; `iter` describes `bvecs`; `op` is the file's own.
     let ret = unsafe { op(&mut kiocb, &mut iter) };
     if dir == Dir::Write {
         // SAFETY: `f` is a valid, referenced file whose freeze protection was taken above.
