@@ -591,6 +591,11 @@ impl File {
                 Direction::Write => sys::write(driver.as_raw_fd(), &mut args),
             }
         };
+        if let Direction::Write = dir {
+            // Made or not, kept registrations of the file's page cache are not reused (an
+            // `O_DIRECT` write drops the pages they pin).
+            crate::compat::note_write(&self.file);
+        }
         r.map_err(|errno| io_error(driver, &self.path, dir, &args, errno))?;
         Ok(Transfer {
             engine: Engine::Module,

@@ -43,6 +43,7 @@ pub use cuda::{
     device_count, device_facts, driver_present, CudaBackend, DeviceAllocation, DeviceFacts,
 };
 pub use host::HostBackend;
+pub(crate) use source::note_write;
 pub use source::Source;
 pub use write::Sink;
 

@@ -3,6 +3,7 @@
 //! mapped for the page-cache questions, and the [`Input`] seam the tests inject faults at.
 
 use std::{
+    collections::BTreeMap,
     fs::OpenOptions,
     io,
     ops::Range,
@@ -14,13 +15,13 @@ use std::{
     ptr::NonNull,
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc,
+        Arc, Mutex,
     },
 };
 
 use nix::libc;
 
-use super::DIRECT_ALIGN;
+use super::{lock, DIRECT_ALIGN};
 use crate::{
     error::{Errno, Error, Result},
     sys::page_size,
@@ -34,6 +35,31 @@ pub(crate) struct FileId {
     size: u64,
     mtime: (i64, i64),
     ctime: (i64, i64),
+    /// This process's writes to the file so far ([`note_write`]).
+    writes: u64,
+}
+
+/// The writes this process has made through the library (the compat engine's and the kernel
+/// module's), counted by file (device, inode). A file's count is part of its [`FileId`], so a
+/// registration of its page cache kept from before such a write is never reused after it,
+/// even where the write left the file's size and times as they were: their granularity is a
+/// clock tick on kernels without multigrain timestamps (before 6.13), and an `O_DIRECT` write
+/// drops the cached pages that a kept registration pins, which would then show the bytes from
+/// before the write. Other processes' writes are told by the file's times alone.
+static WRITES: Mutex<BTreeMap<(u64, u64), u64>> = Mutex::new(BTreeMap::new());
+
+/// Counts a write to the file `f` is open on (made, failed or cut short: any of its bytes may
+/// have changed). Called after the write, and before the writer returns.
+pub(crate) fn note_write(f: &impl std::os::fd::AsFd) {
+    let Ok(st) = nix::sys::stat::fstat(f.as_fd()) else {
+        return;
+    };
+    *lock(&WRITES).entry((st.st_dev, st.st_ino)).or_insert(0) += 1;
+}
+
+/// This process's writes to file (`dev`, `ino`) so far.
+fn writes_to(dev: u64, ino: u64) -> u64 {
+    lock(&WRITES).get(&(dev, ino)).copied().unwrap_or(0)
 }
 
 /// A read-only shared mapping of a whole file.
@@ -346,6 +372,7 @@ fn file_id(f: &std::fs::File) -> io::Result<FileId> {
         size,
         mtime: (m.mtime(), m.mtime_nsec()),
         ctime: (m.ctime(), m.ctime_nsec()),
+        writes: writes_to(m.dev(), m.ino()),
     })
 }
 
@@ -419,8 +446,19 @@ impl FileId {
         self.size
     }
 
-    /// Whether `other` is the same file, perhaps changed since (another size or times).
+    /// Whether `other` is the same file, perhaps changed since (another size or times, or
+    /// written by this process since).
     pub(crate) fn same_file(&self, other: &FileId) -> bool {
         (self.dev, self.ino) == (other.dev, other.ino)
+    }
+}
+
+#[cfg(test)]
+impl FileId {
+    /// This id with `then`'s size and times: the file as it looks where a write did not move
+    /// them (a kernel whose timestamps tick coarsely, a write within the same tick).
+    pub(crate) fn with_times_of(mut self, then: &FileId) -> FileId {
+        (self.size, self.mtime, self.ctime) = (then.size, then.mtime, then.ctime);
+        self
     }
 }

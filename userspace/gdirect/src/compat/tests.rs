@@ -562,6 +562,95 @@ fn kept_mapped_registrations_of_a_file_rewritten_in_place_are_not_reused() {
     assert_eq!(e.kept_mapped(), 2 << 20, "the stale registrations released");
 }
 
+/// A [`Source`] whose size and times never move from `then`'s (what a kernel with coarse
+/// timestamps shows of a write within the same tick).
+struct Frozen<'a> {
+    src: &'a Source,
+    then: source::FileId,
+}
+
+impl Input for Frozen<'_> {
+    fn path(&self) -> &Path {
+        self.src.path()
+    }
+    fn id(&self) -> source::FileId {
+        self.src.id()
+    }
+    fn direct_io(&self) -> bool {
+        self.src.direct_io()
+    }
+    fn direct_align(&self) -> u64 {
+        self.src.direct_align()
+    }
+    fn direct_failed(&self) {
+        self.src.direct_failed()
+    }
+    fn current_size(&self) -> io::Result<u64> {
+        Ok(self.then.size())
+    }
+    fn current_id(&self) -> io::Result<source::FileId> {
+        Ok(self.src.current_id()?.with_times_of(&self.then))
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64, how: How) -> io::Result<usize> {
+        self.src.read_at(buf, off, how)
+    }
+    fn resident(&self, range: Range<u64>) -> bool {
+        self.src.resident(range)
+    }
+    fn mapping(&self) -> Option<&Arc<Mapping>> {
+        self.src.mapping()
+    }
+}
+
+/// A write this process made to a file (through the engine's writer or the module) retires the
+/// registrations kept of it, even where the file's size and times show no change: on a GPU an
+/// `O_DIRECT` write drops the cached pages a kept registration pins, and a read through it
+/// would give the bytes from before the write.
+#[test]
+fn kept_mapped_registrations_are_not_reused_after_this_process_writes_the_file() {
+    let mut f = TempFile::new("written", 2 << 20, 14);
+    let src = Source::open(&f.path).expect("open");
+    let input = Frozen {
+        src: &src,
+        then: src.current_id().expect("id"),
+    };
+    let e = mapped_engine(2, 1 << 30);
+    let read = |f: &TempFile| {
+        let mut mem = vec![0u8; 2 << 20];
+        let r = e
+            .read_input(&input, HostBackend::dest(&mut mem), 0, 0, 2 << 20)
+            .expect("read");
+        assert!(mem == f.data, "the file's bytes");
+        r
+    };
+    assert_eq!(read(&f).registered_bytes, 2 << 20);
+    assert_eq!(read(&f).registered_bytes, 0, "kept");
+    // New bytes over the first 64 KiB, through the engine's writer (O_DIRECT where it can).
+    let mut rng = Rng(15);
+    let new: Vec<u8> = (0..65536).map(|_| rng.next() as u8).collect();
+    f.data[..65536].copy_from_slice(&new);
+    let sink = Sink::open(&f.path, false, false).expect("sink");
+    // SAFETY: `new` is readable for its length for the whole call.
+    unsafe { e.write_host_ptr(&sink, new.as_ptr(), new.len() as u64, 0) }.expect("write");
+    let r = read(&f);
+    assert_eq!(r.registered_bytes, 2 << 20, "registered again");
+    assert_eq!(
+        e.kept_mapped(),
+        2 << 20,
+        "the registrations from before released"
+    );
+    // A write that failed (past the largest offset) may have changed bytes too: counted.
+    let before = src.current_id().expect("id");
+    // SAFETY: as above.
+    let err = unsafe { e.write_host_ptr(&sink, new.as_ptr(), 1, u64::MAX - 1) };
+    assert!(err.is_err(), "a write past the largest offset fails");
+    assert_eq!(
+        src.current_id().expect("id"),
+        before,
+        "a write refused before any byte moved is not counted"
+    );
+}
+
 #[test]
 fn settings_come_from_defaults_then_environment_then_builder() {
     let env = |vars: &'static [(&'static str, &'static str)]| {

@@ -65,6 +65,10 @@ impl Sink {
             .open(&path)
             .map_err(open_err)?;
         super::source::positional(&buffered, &path, true)?;
+        if truncate {
+            // Emptied: its cached pages are gone.
+            super::source::note_write(&buffered);
+        }
         let (direct, direct_align) = direct_twin(&buffered, &path, true);
         Ok(Self {
             path,
@@ -293,6 +297,8 @@ impl<B: Backend> CompatEngine<B> {
         let panicked = self
             .on_workers((0..threads).map(|_| &worker).collect())
             .contains(&None);
+        // Whatever it wrote, kept registrations of the file's page cache are not reused.
+        super::source::note_write(&dst.buffered);
         if panicked {
             lock(&first_err).get_or_insert(Error::Worker {
                 what: "a compat worker panicked",
