@@ -1034,6 +1034,7 @@ impl Driver {
 
 /// Counters of one path and direction.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PathStats {
     /// Completed transfers, errors included.
     pub ops: u64,
@@ -1047,8 +1048,10 @@ pub struct PathStats {
     pub latency_us_log2: [u64; sys::GDIRECT_LATENCY_BUCKETS as usize],
 }
 
-/// The module's I/O counters since load.
+/// The module's I/O counters since load. (Fields may be added, as the module counts more:
+/// read them, build one with `Default`.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// By `[path][direction]`: paths in [`IoPath::ALL`] order, direction 0 read, 1 write.
     pub io: [[PathStats; 2]; 3],
