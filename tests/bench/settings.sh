@@ -14,7 +14,8 @@
 #             registered with the driver, kept between reads: the GPU copies from it, no CPU
 #             copy; it pins up to 2 GiB of page cache while kept)
 #   threads8  GDIRECT_THREADS=8 (half the engine's threads)
-# Appends one JSON object per measurement to OUT/settings.jsonl, after a meta line.
+# Writes OUT/settings.jsonl anew: a meta line, then one JSON object per measurement; exits 1
+# if a measurement failed (a wrong slot, an error), recorded as failed.
 #
 # Usage: tests/bench/settings.sh [--blocks LIST] [--variants LIST] [--latency] [--out DIR]
 #   --blocks LIST    block sizes (default "2M 256K")
@@ -33,7 +34,7 @@ while [ $# -gt 0 ]; do
 	--variants) variants=$2; shift 2 ;;
 	--latency) latency=1; shift ;;
 	--out) out=$2; shift 2 ;;
-	-h | --help) sed -n '3,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '3,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "settings.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -48,8 +49,12 @@ env_of() {
 	esac
 }
 for v in $variants; do env_of "$v" >/dev/null || exit 2; done
+for b in $blocks; do
+	numfmt --from=iec "$b" >/dev/null 2>&1 || { echo "settings.sh: bad block size $b (64K, 2M...)" >&2; exit 2; }
+done
 mkdir -p "$out"
 results=$out/settings.jsonl
+: >"$results"
 file=/var/tmp/gdirect-blocks-1G.bin
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)
 versions=$(python3 -c 'import kvikio, cupy, gdirect; print("gdirect", gdirect.__version__ + ", KvikIO", kvikio.__version__ + ", CuPy", cupy.__version__)') || exit 1
@@ -62,14 +67,19 @@ python3 - "$gpu" "$versions" "${GDIRECT_COMMIT:-unknown}" "tests/bench/settings.
 [ -s "$file" ] || head -c 1G /dev/urandom >"$file"
 cat "$file" >/dev/null
 
-# One measurement: label, variant, then blocks.py's arguments.
+# One measurement: label, variant, then blocks.py's arguments. The caller's own GDIRECT_*
+# settings are left out: each variant is what it says.
+rc=0
 one() {
 	local label=$1 variant=$2 json
 	shift 2
 	# (env_of's words are NAME=VALUE pairs, split on purpose.)
 	# shellcheck disable=SC2046
-	if ! json=$(env $(env_of "$variant") python3 "$root/tests/bench/blocks.py" "$file" "$@"); then
+	if ! json=$(env -u GDIRECT_THREADS -u GDIRECT_TASK_SIZE -u GDIRECT_STAGING_SIZE -u GDIRECT_PAGE_CACHE \
+		-u GDIRECT_KEEP_MAPPED -u GDIRECT_WRITE_PIECE -u GDIRECT_DIRECT_THRESHOLD \
+		$(env_of "$variant") python3 "$root/tests/bench/blocks.py" "$file" "$@"); then
 		echo "{\"label\": \"$label\", \"variant\": \"$variant\", \"failed\": true}" | tee -a "$results"
+		rc=1
 		return 1
 	fi
 	python3 -c 'import json, sys
@@ -94,3 +104,4 @@ if [ "$latency" = 1 ]; then
 	done
 	one "latency 4K t1 gdirect-pread" mapped --method gdirect-pread --block 4096 --threads 1 --requests 8192
 fi
+exit $rc

@@ -584,6 +584,11 @@ impl File {
             ..Default::default()
         };
         let driver = reg.driver();
+        if let Direction::Write = dir {
+            // Kept registrations of the file's page cache are not reused from here on (and
+            // again after: an `O_DIRECT` write drops the pages one made meanwhile pins).
+            crate::compat::note_write(&self.file);
+        }
         // SAFETY: `args` is a valid, writable struct for the call; the module keeps no pointer.
         let r = unsafe {
             match dir {
@@ -592,8 +597,7 @@ impl File {
             }
         };
         if let Direction::Write = dir {
-            // Made or not, kept registrations of the file's page cache are not reused (an
-            // `O_DIRECT` write drops the pages they pin).
+            // Made or not.
             crate::compat::note_write(&self.file);
         }
         r.map_err(|errno| io_error(driver, &self.path, dir, &args, errno))?;

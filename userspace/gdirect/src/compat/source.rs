@@ -39,17 +39,21 @@ pub(crate) struct FileId {
     writes: u64,
 }
 
-/// The writes this process has made through the library (the compat engine's and the kernel
-/// module's), counted by file (device, inode). A file's count is part of its [`FileId`], so a
-/// registration of its page cache kept from before such a write is never reused after it,
-/// even where the write left the file's size and times as they were: their granularity is a
-/// clock tick on kernels without multigrain timestamps (before 6.13), and an `O_DIRECT` write
+/// The writes this process has made through the library (the compat engine's, and the kernel
+/// module's synchronous ones: `File::write_from` and what calls it), counted by file (device,
+/// inode), as each starts and again as it ends. A file's count is part of its [`FileId`], so a
+/// registration of its page cache kept from before or during such a write is never reused after
+/// it, even where the write left the file's size and times as they were: their granularity is
+/// a clock tick on kernels without multigrain timestamps (before 6.13), and an `O_DIRECT` write
 /// drops the cached pages that a kept registration pins, which would then show the bytes from
-/// before the write. Other processes' writes are told by the file's times alone.
+/// before the write. Other processes' writes, and the module's batched ones
+/// (`Driver::submit`), are told by the file's times alone. An entry is kept for each file
+/// written, for the process's life (16 bytes and its tree node).
 static WRITES: Mutex<BTreeMap<(u64, u64), u64>> = Mutex::new(BTreeMap::new());
 
-/// Counts a write to the file `f` is open on (made, failed or cut short: any of its bytes may
-/// have changed). Called after the write, and before the writer returns.
+/// Counts a write to the file `f` is open on: called as it starts (a read that begins while it
+/// runs registers anew) and after it ends, made, failed or cut short (any of its bytes may have
+/// changed), before the writer returns.
 pub(crate) fn note_write(f: &impl std::os::fd::AsFd) {
     let Ok(st) = nix::sys::stat::fstat(f.as_fd()) else {
         return;

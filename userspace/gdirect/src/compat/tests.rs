@@ -639,7 +639,7 @@ fn kept_mapped_registrations_are_not_reused_after_this_process_writes_the_file()
         2 << 20,
         "the registrations from before released"
     );
-    // A write that failed (past the largest offset) may have changed bytes too: counted.
+    // A write refused before it starts (past the largest offset) changes nothing: not counted.
     let before = src.current_id().expect("id");
     // SAFETY: as above.
     let err = unsafe { e.write_host_ptr(&sink, new.as_ptr(), 1, u64::MAX - 1) };

@@ -251,6 +251,9 @@ impl<B: Backend> CompatEngine<B> {
             (a, b)
         };
         let threads = (self.settings.threads as u64).min(pieces).max(1) as usize;
+        // Kept registrations of the file's page cache are not reused from here on (and again
+        // below: one made while the write runs may pin pages it drops).
+        super::source::note_write(&dst.buffered);
         // `buffered` and `mapped` keep everything in the page cache, writes as reads.
         let may_direct = matches!(
             self.settings.page_cache,
@@ -297,7 +300,7 @@ impl<B: Backend> CompatEngine<B> {
         let panicked = self
             .on_workers((0..threads).map(|_| &worker).collect())
             .contains(&None);
-        // Whatever it wrote, kept registrations of the file's page cache are not reused.
+        // Whatever it wrote.
         super::source::note_write(&dst.buffered);
         if panicked {
             lock(&first_err).get_or_insert(Error::Worker {
