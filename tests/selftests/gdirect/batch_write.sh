@@ -6,7 +6,11 @@
 # switch at 208 MiB, every fourth forced through the bounce path. Each
 # completion is whole; QEMU's trace shows the NVMe read the P2P ones from the
 # GPU's BAR and the bounced ones from guest RAM; the host confirms the sha256 of
-# its drive image against the pattern.
+# its drive image against the pattern. Then the compat engine's kept registrations of the
+# device's page cache (host memory, through its mapping) are retired by a batched and by a
+# synchronous write through the module: the read after each registers again and gets the
+# bytes written, and the library counted the write against the device (what retires them
+# where the file's times do not move).
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 
@@ -20,7 +24,7 @@ M=1048576
 at=$((208 * M))
 
 ktap_print_header
-ktap_set_plan 6
+ktap_set_plan 8
 
 _dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
 out=$(gdirect-io batchwrite "$dev" "$at" 8 4242 2>&1)
@@ -35,6 +39,22 @@ _test "the drive image holds the pattern (sha256 checked by the host)" \
 	_host_sha256 "nvme0:$at" $((8 * M)) "$(_kv "$out" sha256_written)"
 _test "the guest reads the same bytes back" \
 	_expect_eq sha256 "$(_kv "$out" sha256_written)" "$(_kv "$out" sha256_read_back)"
+# registered=A,B,C: the three reads' registered bytes: A some, B none (kept), C as many as A;
+# writes_counted=X,Y: Y above X.
+kept_retired() {
+	out=$(gdirect-io keptwrite "$dev" "$1" "$2" $3 2>&1)
+	rc=$?
+	ktap_print_msg "$(echo "$out" | tr '\n' ' ')"
+	regs=$(_kv "$out" registered)
+	a=${regs%%,*} c=${regs##*,} b=${regs#*,} b=${b%%,*}
+	w=$(_kv "$out" writes_counted)
+	[ "$rc" = 0 ] && [ "${a:-0}" -gt 0 ] && [ "$b" = 0 ] && [ "$c" = "$a" ] &&
+		[ "$(_kv "$out" read_after_write_equal)" = 1 ] && [ "${w##*,}" -gt "${w%%,*}" ] 2>/dev/null
+}
+_test "a batched write retires the registrations kept of the device's page cache" \
+	kept_retired $((at + 8 * M)) 77
+_test "so does a synchronous one" \
+	kept_retired $((at + 9 * M)) 78 sync
 _test "nothing stays registered or pinned" \
 	_expect_unpinned
 

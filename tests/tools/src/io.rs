@@ -87,6 +87,16 @@
 //!                                 forced through the bounce path); each completion must be
 //!                                 whole; prints the sha256 of the bytes written and of the
 //!                                 bytes read back from DEV
+//!   keptwrite DEV OFFSET SEED [sync]
+//!                                 the compat engine reads 1 MiB of DEV at OFFSET into host
+//!                                 memory through the page cache's mapping, its registrations
+//!                                 kept, twice; then one batched (or, with `sync`, synchronous)
+//!                                 1 MiB write of the pattern of SEED from emulated GPU memory
+//!                                 through the module, and a third read; prints the bytes each
+//!                                 read registered (`registered=` A,B,C: B is 0, kept; C is not,
+//!                                 the write retired them) and whether the third read is the
+//!                                 pattern, and the library's count of writes to DEV before
+//!                                 and after (`writes_counted=` X,Y)
 //!   credwrite sync|batch|all|batch-append PATH OFFSET LEN
 //!                                 one write of LEN bytes from registered host memory to PATH
 //!                                 at OFFSET, synchronous or as a batch, as the caller (all:
@@ -214,6 +224,18 @@ fn main() -> ExitCode {
             match (args[2].parse(), args[3].parse(), args[4].parse()) {
                 (Ok(offset), Ok(count @ 1..=256), Ok(seed)) => {
                     batchwrite(&args[1], offset, count, seed)
+                }
+                _ => return usage(),
+            }
+        }
+        Some("keptwrite") if args.len() == 4 || args.len() == 5 => {
+            match (
+                args[2].parse(),
+                args[3].parse(),
+                args.get(4).map(String::as_str),
+            ) {
+                (Ok(offset), Ok(seed), None | Some("sync")) => {
+                    keptwrite(&args[1], offset, seed, args.len() == 5)
                 }
                 _ => return usage(),
             }
@@ -735,6 +757,78 @@ fn batchwrite(dev: &str, offset: u64, count: u64, seed: u64) -> gdirect::Result<
     println!("writes={reaped} p2p={p2p} bounce={bounce} bounce_bytes={bounce_bytes}");
     println!("sha256_written={}", sha256_hex(&data));
     println!("sha256_read_back={}", sha256_hex(&back));
+    Ok(())
+}
+
+fn keptwrite(dev: &str, offset: u64, seed: u64, sync: bool) -> gdirect::Result<()> {
+    use gdirect::compat::{CompatEngine, PageCache, Source};
+    const LEN: u64 = 1 << 20;
+    let engine = CompatEngine::builder()
+        .threads(2)
+        .page_cache(PageCache::Mapped)
+        .keep_mapped(1 << 30)
+        .build_host()?;
+    let src = Source::open(dev)?;
+    let mut mem = vec![0u8; LEN as usize];
+    let mut registered = Vec::new();
+    for _ in 0..2 {
+        registered.push(
+            engine
+                .read(&src, &mut mem, 0, offset, LEN)?
+                .registered_bytes,
+        );
+    }
+    let driver = Driver::open()?;
+    let mut gpu = Egpu::open()?.alloc(LEN)?;
+    let data = pattern(seed, LEN as usize);
+    gpu.write(0, &data)?;
+    let reg = driver.register(&gpu)?;
+    let file = File::open_direct_rw(dev)?;
+    let counted = gdirect::compat::writes_counted(&file);
+    if sync {
+        file.write_all_from(&reg, 0, offset, LEN)?;
+    } else {
+        let mut b = Batch::new();
+        b.write(&file, &reg, 0, offset, LEN, 7);
+        let mut submitted = 0;
+        while submitted == 0 {
+            submitted = driver.submit(&b, 0)?;
+        }
+        let done = driver.reap(1, true)?;
+        check(
+            "the batched write completes whole",
+            matches!(done.as_slice(), [c] if c.result.is_ok_and(|t| t.bytes == LEN)),
+            || format!("{done:?}"),
+        );
+    }
+    drop(reg);
+    mem.fill(0);
+    registered.push(
+        engine
+            .read(&src, &mut mem, 0, offset, LEN)?
+            .registered_bytes,
+    );
+    let same = mem == data;
+    check(
+        "the read after the write is the bytes written",
+        same,
+        || "the bytes differ".into(),
+    );
+    println!(
+        "registered={}",
+        registered
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    println!("read_after_write_equal={}", u8::from(same));
+    // The library's count of writes to the device: the write raised it, whatever the node's
+    // times did (they move here: the block layer updates them).
+    println!(
+        "writes_counted={counted},{}",
+        gdirect::compat::writes_counted(&file)
+    );
     Ok(())
 }
 

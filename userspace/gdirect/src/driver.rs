@@ -136,6 +136,11 @@ impl Info {
 pub struct Driver {
     fd: OwnedFd,
     path: PathBuf,
+    /// The files (device, inode) that batched writes submitted through this handle may still
+    /// be writing: counted again at each reap until none is in flight (see
+    /// `compat::note_write`; a handle closed with writes in flight leaves them to the files'
+    /// times).
+    pub(crate) batch_writes: std::sync::Mutex<Vec<(u64, u64)>>,
 }
 
 impl Driver {
@@ -166,7 +171,11 @@ impl Driver {
                 },
             },
         )?;
-        let driver = Self { fd, path };
+        let driver = Self {
+            fd,
+            path,
+            batch_writes: std::sync::Mutex::new(Vec::new()),
+        };
         let info = driver.info().map_err(|e| match e {
             // Any other driver answers an unknown ioctl with ENOTTY.
             Error::Ioctl {

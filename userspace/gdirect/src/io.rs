@@ -731,6 +731,8 @@ pub struct Batch<'a> {
     /// driver, which cannot move while the batch lives): a handle means something only to the
     /// file that made it.
     drivers: Vec<usize>,
+    /// The file each entry names.
+    files: Vec<&'a File>,
     /// The files and registrations the entries name.
     names: std::marker::PhantomData<&'a ()>,
 }
@@ -848,6 +850,7 @@ impl<'a> Batch<'a> {
         options: IoOptions,
     ) -> &mut Self {
         self.drivers.push(std::ptr::from_ref(reg.driver()) as usize);
+        self.files.push(file);
         self.sqes.push(sys::gdirect_sqe {
             op,
             flags: options.flags(),
@@ -876,6 +879,7 @@ impl<'a> Batch<'a> {
     pub fn clear(&mut self) {
         self.sqes.clear();
         self.drivers.clear();
+        self.files.clear();
     }
 }
 
@@ -925,6 +929,23 @@ impl Driver {
         if count == 0 {
             return Err(refused(0));
         }
+        // Writes count against their files as they start (kept registrations of the page cache
+        // are not reused from here on), and again at each reap while they may run.
+        let writes: Vec<(u64, u64)> = entries[..count]
+            .iter()
+            .zip(&batch.files[start..start + count])
+            .filter(|(e, _)| e.op == sys::GDIRECT_OP_WRITE)
+            .filter_map(|(_, f)| crate::compat::file_key(*f))
+            .collect();
+        if !writes.is_empty() {
+            let mut pending = self.batch_writes.lock().unwrap_or_else(|p| p.into_inner());
+            for key in writes {
+                crate::compat::note_write_key(key);
+                if !pending.contains(&key) {
+                    pending.push(key);
+                }
+            }
+        }
         let mut args = sys::gdirect_submit_args {
             sqes: entries.as_ptr() as u64,
             count: count as u32,
@@ -961,6 +982,19 @@ impl Driver {
         unsafe { sys::reap(self.as_raw_fd(), &mut args) }
             .map_err(|errno| self.ioctl_error("GDIRECT_IOC_REAP", errno))?;
         cqes.truncate(args.reaped as usize);
+        if args.reaped > 0 {
+            // A write among these may have ended: its file counts again (and the files of the
+            // writes still in flight, which this cannot tell apart), before the caller learns
+            // of it; none in flight, none is kept.
+            let mut pending = self.batch_writes.lock().unwrap_or_else(|p| p.into_inner());
+            pending
+                .iter()
+                .copied()
+                .for_each(crate::compat::note_write_key);
+            if args.in_flight == 0 {
+                pending.clear();
+            }
+        }
         Ok(cqes
             .into_iter()
             .map(|c| Completion {

@@ -43,8 +43,10 @@ pub use cuda::{
     device_count, device_facts, driver_present, CudaBackend, DeviceAllocation, DeviceFacts,
 };
 pub use host::HostBackend;
-pub(crate) use source::note_write;
+#[doc(hidden)]
+pub use source::writes_counted;
 pub use source::Source;
+pub(crate) use source::{file_key, note_write, note_write_key};
 pub use write::Sink;
 
 use crate::error::{Errno, Error, Result};

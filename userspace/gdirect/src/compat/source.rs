@@ -39,26 +39,44 @@ pub(crate) struct FileId {
     writes: u64,
 }
 
-/// The writes this process has made through the library (the compat engine's, and the kernel
-/// module's synchronous ones: `File::write_from` and what calls it), counted by file (device,
-/// inode), as each starts and again as it ends. A file's count is part of its [`FileId`], so a
+/// The writes this process has made through the library (the compat engine's and the kernel
+/// module's), counted by file (device, inode), as each starts and again as it ends. A file's count is part of its [`FileId`], so a
 /// registration of its page cache kept from before or during such a write is never reused after
 /// it, even where the write left the file's size and times as they were: their granularity is
 /// a clock tick on kernels without multigrain timestamps (before 6.13), and an `O_DIRECT` write
 /// drops the cached pages that a kept registration pins, which would then show the bytes from
-/// before the write. Other processes' writes, and the module's batched ones
-/// (`Driver::submit`), are told by the file's times alone. An entry is kept for each file
-/// written, for the process's life (16 bytes and its tree node).
+/// before the write. The module's batched writes count as they are submitted and again at each
+/// reap while any of them may still run (`Driver::submit`, `Driver::reap`). Other processes'
+/// writes are told by the file's times alone. An entry is kept for each file written, for the
+/// process's life (16 bytes and its tree node).
 static WRITES: Mutex<BTreeMap<(u64, u64), u64>> = Mutex::new(BTreeMap::new());
 
 /// Counts a write to the file `f` is open on: called as it starts (a read that begins while it
 /// runs registers anew) and after it ends, made, failed or cut short (any of its bytes may have
 /// changed), before the writer returns.
 pub(crate) fn note_write(f: &impl std::os::fd::AsFd) {
-    let Ok(st) = nix::sys::stat::fstat(f.as_fd()) else {
-        return;
-    };
-    *lock(&WRITES).entry((st.st_dev, st.st_ino)).or_insert(0) += 1;
+    if let Some(key) = file_key(f) {
+        note_write_key(key);
+    }
+}
+
+/// The file `f` is open on, as [`note_write_key`] takes it: its device and inode.
+pub(crate) fn file_key(f: &impl std::os::fd::AsFd) -> Option<(u64, u64)> {
+    nix::sys::stat::fstat(f.as_fd())
+        .ok()
+        .map(|st| (st.st_dev, st.st_ino))
+}
+
+/// [`note_write`] of the file `key` names.
+pub(crate) fn note_write_key(key: (u64, u64)) {
+    *lock(&WRITES).entry(key).or_insert(0) += 1;
+}
+
+/// This process's writes to the file `f` is open on, as counted so far (test programs check
+/// that a write path counts).
+#[doc(hidden)]
+pub fn writes_counted(f: &impl std::os::fd::AsFd) -> u64 {
+    file_key(f).map_or(0, |(dev, ino)| writes_to(dev, ino))
 }
 
 /// This process's writes to file (`dev`, `ino`) so far.
