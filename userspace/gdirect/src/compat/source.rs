@@ -40,15 +40,16 @@ pub(crate) struct FileId {
 }
 
 /// The writes this process has made through the library (the compat engine's and the kernel
-/// module's), counted by file (device, inode), as each starts and again as it ends. A file's count is part of its [`FileId`], so a
-/// registration of its page cache kept from before or during such a write is never reused after
-/// it, even where the write left the file's size and times as they were: their granularity is
-/// a clock tick on kernels without multigrain timestamps (before 6.13), and an `O_DIRECT` write
-/// drops the cached pages that a kept registration pins, which would then show the bytes from
-/// before the write. The module's batched writes count as they are submitted and again at each
-/// reap while any of them may still run (`Driver::submit`, `Driver::reap`). Other processes'
-/// writes are told by the file's times alone. An entry is kept for each file written, for the
-/// process's life (16 bytes and its tree node).
+/// module's), counted by file (device, inode), as each starts and again as it ends. A file's
+/// count is part of its [`FileId`], so a registration of its page cache kept from before or
+/// during such a write is never reused after it, even where the write left the file's size and
+/// times as they were: their granularity is a clock tick on kernels without multigrain
+/// timestamps (before 6.13), and an `O_DIRECT` write drops the cached pages that a kept
+/// registration pins, which would then show the bytes from before the write. The module's
+/// batched writes count as they are submitted and again at each reap while any of them may
+/// still run (`Driver::submit`, `Driver::reap`). Other processes' writes are told by the file's
+/// times alone. An entry is kept for each file written, for the process's life (16 bytes and
+/// its tree node).
 static WRITES: Mutex<BTreeMap<(u64, u64), u64>> = Mutex::new(BTreeMap::new());
 
 /// Counts a write to the file `f` is open on: called as it starts (a read that begins while it
