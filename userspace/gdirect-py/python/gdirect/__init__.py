@@ -610,7 +610,9 @@ def configure(
     into host memory copies out of a mapping of the file, so a file another process truncates
     meanwhile raises ``SIGBUS``, as NumPy's ``memmap`` would),
     pinned staging bytes per worker (default: twice the task size given here, else the
-    environment's), bytes of page-cache registrations kept between reads (``mapped``), and the
+    environment's), bytes of page-cache registrations kept between reads (``mapped``: a file's
+    are retired by this process's writes to it and by a change of its size or times; for a KV
+    cache read again and again, ``page_cache="mapped", keep_mapped=2 << 30``), and the
     largest piece a worker claims at once. ``None`` keeps the environment's value or the
     default; a value that cannot be used raises ``ValueError``. Whether the kernel module is
     used is the environment's, read once per process as the Rust library reads it:
