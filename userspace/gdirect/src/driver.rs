@@ -136,11 +136,19 @@ impl Info {
 pub struct Driver {
     fd: OwnedFd,
     path: PathBuf,
-    /// The files (device, inode) that batched writes submitted through this handle may still
-    /// be writing: counted again at each reap until none is in flight (see
-    /// `compat::note_write`; a handle closed with writes in flight leaves them to the files'
-    /// times).
-    pub(crate) batch_writes: std::sync::Mutex<Vec<(u64, u64)>>,
+    /// The files that batched writes submitted through this handle may still be writing.
+    pub(crate) batch_writes: std::sync::Mutex<BatchWrites>,
+}
+
+/// The files (device, inode) that batched writes submitted through a [`Driver`] may still be
+/// writing, each with the number of the last submit that named it: counted again at each reap
+/// until a reap finds none in flight (see `compat::note_write`; a handle closed with writes in
+/// flight leaves them to the files' times).
+#[derive(Debug, Default)]
+pub(crate) struct BatchWrites {
+    /// Submits of writes so far.
+    pub(crate) submits: u64,
+    pub(crate) files: Vec<((u64, u64), u64)>,
 }
 
 impl Driver {
@@ -174,7 +182,7 @@ impl Driver {
         let driver = Self {
             fd,
             path,
-            batch_writes: std::sync::Mutex::new(Vec::new()),
+            batch_writes: std::sync::Mutex::new(BatchWrites::default()),
         };
         let info = driver.info().map_err(|e| match e {
             // Any other driver answers an unknown ioctl with ENOTTY.

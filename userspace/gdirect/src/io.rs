@@ -939,10 +939,13 @@ impl Driver {
             .collect();
         if !writes.is_empty() {
             let mut pending = self.batch_writes.lock().unwrap_or_else(|p| p.into_inner());
+            pending.submits += 1;
+            let n = pending.submits;
             for key in writes {
                 crate::compat::note_write_key(key);
-                if !pending.contains(&key) {
-                    pending.push(key);
+                match pending.files.iter_mut().find(|(k, _)| *k == key) {
+                    Some(f) => f.1 = n,
+                    None => pending.files.push((key, n)),
                 }
             }
         }
@@ -978,6 +981,12 @@ impl Driver {
             flags: if wait { sys::GDIRECT_REAP_WAIT } else { 0 },
             ..Default::default()
         };
+        // Writes submitted up to here, if none is in flight when the reap returns, have ended.
+        let submitted = self
+            .batch_writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .submits;
         // SAFETY: `args.cqes` points to `max` writable entries that outlive the call.
         unsafe { sys::reap(self.as_raw_fd(), &mut args) }
             .map_err(|errno| self.ioctl_error("GDIRECT_IOC_REAP", errno))?;
@@ -985,14 +994,14 @@ impl Driver {
         if args.reaped > 0 {
             // A write among these may have ended: its file counts again (and the files of the
             // writes still in flight, which this cannot tell apart), before the caller learns
-            // of it; none in flight, none is kept.
+            // of it. None in flight: those submitted before this reap are forgotten (not one
+            // another thread submitted since, whose end a later reap must count).
             let mut pending = self.batch_writes.lock().unwrap_or_else(|p| p.into_inner());
-            pending
-                .iter()
-                .copied()
-                .for_each(crate::compat::note_write_key);
+            for (key, _) in &pending.files {
+                crate::compat::note_write_key(*key);
+            }
             if args.in_flight == 0 {
-                pending.clear();
+                pending.files.retain(|(_, n)| *n > submitted);
             }
         }
         Ok(cqes
