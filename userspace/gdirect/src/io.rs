@@ -930,14 +930,29 @@ impl Driver {
             return Err(refused(0));
         }
         // Writes count against their files as they start (kept registrations of the page cache
-        // are not reused from here on), and again at each reap while they may run.
+        // are not reused from here on), again once submitted (one may have ended, reaped by
+        // another thread, before its file is on the list below), and at each reap while they
+        // may run.
         let writes: Vec<(u64, u64)> = entries[..count]
             .iter()
             .zip(&batch.files[start..start + count])
             .filter(|(e, _)| e.op == sys::GDIRECT_OP_WRITE)
             .filter_map(|(_, f)| crate::compat::file_key(*f))
             .collect();
+        writes
+            .iter()
+            .copied()
+            .for_each(crate::compat::note_write_key);
+        let mut args = sys::gdirect_submit_args {
+            sqes: entries.as_ptr() as u64,
+            count: count as u32,
+            ..Default::default()
+        };
+        // SAFETY: `args.sqes` points to `count` readable entries that outlive the call; the module
+        // copies them and keeps no pointer.
+        let r = unsafe { sys::submit(self.as_raw_fd(), &mut args) };
         if !writes.is_empty() {
+            // Numbered after the ioctl: a reap that began before it cannot forget these.
             let mut pending = self.batch_writes.lock().unwrap_or_else(|p| p.into_inner());
             pending.submits += 1;
             let n = pending.submits;
@@ -949,14 +964,7 @@ impl Driver {
                 }
             }
         }
-        let mut args = sys::gdirect_submit_args {
-            sqes: entries.as_ptr() as u64,
-            count: count as u32,
-            ..Default::default()
-        };
-        // SAFETY: `args.sqes` points to `count` readable entries that outlive the call; the module
-        // copies them and keeps no pointer.
-        match unsafe { sys::submit(self.as_raw_fd(), &mut args) } {
+        match r {
             Ok(_) if foreign.is_some() && args.submitted as usize == count => Err(refused(count)),
             Ok(_) => Ok(args.submitted as usize),
             Err(Errno::EAGAIN) => Ok(0),
