@@ -584,10 +584,14 @@ impl File {
             ..Default::default()
         };
         let driver = reg.driver();
-        if let Direction::Write = dir {
-            // Kept registrations of the file's page cache are not reused from here on (and
-            // again after: an `O_DIRECT` write drops the pages one made meanwhile pins).
-            crate::compat::note_write(&self.file);
+        // A write's file (one `fstat`): kept registrations of its page cache are not reused from
+        // here on (and again after: an `O_DIRECT` write drops the pages one made meanwhile pins).
+        let written = match dir {
+            Direction::Write => crate::compat::file_key(&self.file),
+            Direction::Read => None,
+        };
+        if let Some(key) = written {
+            crate::compat::note_write_key(key);
         }
         // SAFETY: `args` is a valid, writable struct for the call; the module keeps no pointer.
         let r = unsafe {
@@ -596,9 +600,9 @@ impl File {
                 Direction::Write => sys::write(driver.as_raw_fd(), &mut args),
             }
         };
-        if let Direction::Write = dir {
-            // Made or not.
-            crate::compat::note_write(&self.file);
+        // Made or not.
+        if let Some(key) = written {
+            crate::compat::note_write_key(key);
         }
         r.map_err(|errno| io_error(driver, &self.path, dir, &args, errno))?;
         Ok(Transfer {

@@ -46,7 +46,7 @@ pub use host::HostBackend;
 #[doc(hidden)]
 pub use source::writes_counted;
 pub use source::Source;
-pub(crate) use source::{file_key, note_write, note_write_key};
+pub(crate) use source::{file_key, note_write_key};
 pub use write::Sink;
 
 use crate::error::{Errno, Error, Result};

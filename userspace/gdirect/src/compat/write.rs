@@ -252,8 +252,11 @@ impl<B: Backend> CompatEngine<B> {
         };
         let threads = (self.settings.threads as u64).min(pieces).max(1) as usize;
         // Kept registrations of the file's page cache are not reused from here on (and again
-        // below: one made while the write runs may pin pages it drops).
-        super::source::note_write(&dst.buffered);
+        // below: one made while the write runs may pin pages it drops). One `fstat` for both.
+        let written = super::source::file_key(&dst.buffered);
+        if let Some(key) = written {
+            super::source::note_write_key(key);
+        }
         // `buffered` and `mapped` keep everything in the page cache, writes as reads.
         let may_direct = matches!(
             self.settings.page_cache,
@@ -301,7 +304,9 @@ impl<B: Backend> CompatEngine<B> {
             .on_workers((0..threads).map(|_| &worker).collect())
             .contains(&None);
         // Whatever it wrote.
-        super::source::note_write(&dst.buffered);
+        if let Some(key) = written {
+            super::source::note_write_key(key);
+        }
         if panicked {
             lock(&first_err).get_or_insert(Error::Worker {
                 what: "a compat worker panicked",
