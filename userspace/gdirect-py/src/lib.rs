@@ -1108,9 +1108,9 @@ impl Pending {
                 self.wait(None);
                 return;
             }
-            for _ in 0..64 {
-                std::hint::spin_loop();
-            }
+            // (Yielding, not spinning: with many Python threads waiting, a spinning waiter
+            // holds a CPU that the engine's threads need; see `gdirect::compat`'s `Waits`.)
+            std::thread::yield_now();
         }
     }
 

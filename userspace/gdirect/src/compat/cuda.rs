@@ -27,6 +27,66 @@ pub(crate) fn cuda_err(what: &'static str, e: DriverError) -> Error {
     }
 }
 
+/// How the engine waits for work it queued on the GPU, in the current context.
+///
+/// The driver's own waits (`cuEventSynchronize`, `cuStreamSynchronize`) spin without yielding
+/// when the process has fewer contexts than CPUs (`CU_CTX_SCHED_AUTO`, the flags of a context
+/// that PyTorch or CuPy made): each engine thread waiting for its copy then holds a CPU that
+/// another thread needs for its own copy out of the page cache. Asking the driver and yielding
+/// the CPU between asks (`sched_yield`), as `CU_CTX_SCHED_YIELD` does, keeps a lone wait as
+/// quick and lets a busy machine's threads run (BENCHMARKS.md, "How the engine's threads
+/// wait"). A context made with `CU_CTX_SCHED_BLOCKING_SYNC` is waited for as its owner chose:
+/// asleep, by the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Waits {
+    Yield,
+    Block,
+}
+
+impl Waits {
+    /// The current context's way (`Yield` when the driver cannot say).
+    pub(super) fn of_current() -> Self {
+        let mut flags = 0;
+        // SAFETY: `flags` receives the current context's flags.
+        let r = unsafe { sys::cuCtxGetFlags(&mut flags) };
+        let sched = flags & sys::CUctx_flags::CU_CTX_SCHED_MASK as u32;
+        if r == CUresult::CUDA_SUCCESS
+            && sched == sys::CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC as u32
+        {
+            Self::Block
+        } else {
+            Self::Yield
+        }
+    }
+
+    /// Waits: asks `query` (`cuEventQuery`, `cuStreamQuery`) until it no longer answers "not
+    /// ready", or calls `sync` (its `...Synchronize`), and gives the driver's answer.
+    pub(super) fn wait(
+        self,
+        what: &'static str,
+        query: impl FnMut() -> CUresult,
+        sync: impl FnOnce() -> CUresult,
+    ) -> Result<()> {
+        cuda(
+            what,
+            match self {
+                Self::Yield => ask_until_ready(query),
+                Self::Block => sync(),
+            },
+        )
+    }
+}
+
+/// Asks `query` until it answers other than "not ready", yielding between asks: its answer.
+fn ask_until_ready(mut query: impl FnMut() -> CUresult) -> CUresult {
+    loop {
+        match query() {
+            CUresult::CUDA_ERROR_NOT_READY => std::thread::yield_now(),
+            r => return r,
+        }
+    }
+}
+
 /// A CUDA context made current on this thread by pushing it (`cuCtxPushCurrent`), popped when
 /// dropped: the thread's own current context, if it had one, is current again. The engine works
 /// on its caller's thread too, and a library must not leave that thread bound to its context.
@@ -282,19 +342,24 @@ impl CudaBackend {
         }
     }
 
-    /// Waits for the work queued on `stream` (`cuStreamSynchronize`), in this backend's
-    /// context: how a read into memory that a stream's work uses is ordered after that work,
-    /// without waiting for the whole context (every other stream, the engine's own copies).
+    /// Waits for the work queued on `stream` (asking the driver and yielding the CPU, unless
+    /// the context was made to sleep while waiting), in this backend's context: how a read into
+    /// memory that a stream's work uses is ordered after that work, without waiting for the
+    /// whole context (every other stream, the engine's own copies).
     ///
     /// # Safety
     ///
     /// As [`CudaBackend::stream_done`].
     pub unsafe fn wait_stream(&self, stream: u64) -> Result<()> {
         let _entered = Entered::push(&self.ctx)?;
-        // SAFETY: the caller's promise for the handle; the context is current.
-        cuda("stream synchronize", unsafe {
-            sys::cuStreamSynchronize(stream as sys::CUstream)
-        })
+        let stream = stream as sys::CUstream;
+        Waits::of_current().wait(
+            "stream synchronize",
+            // SAFETY: the caller's promise for the handle; the context is current.
+            || unsafe { sys::cuStreamQuery(stream) },
+            // SAFETY: the caller's promise for the handle; the context is current.
+            || unsafe { sys::cuStreamSynchronize(stream) },
+        )
     }
 
     /// The context.
@@ -746,10 +811,14 @@ impl OwnStream {
     }
 
     fn synchronize(&self) -> Result<()> {
-        // SAFETY: our live stream.
-        cuda("stream synchronize", unsafe {
-            sys::cuStreamSynchronize(self.0)
-        })
+        let s = self.0;
+        Waits::of_current().wait(
+            "stream synchronize",
+            // SAFETY: our live stream, of the current context.
+            || unsafe { sys::cuStreamQuery(s) },
+            // SAFETY: our live stream, of the current context.
+            || unsafe { sys::cuStreamSynchronize(s) },
+        )
     }
 }
 
@@ -857,6 +926,8 @@ pub struct CudaLane {
     buffers: Vec<Option<Pinned>>,
     events: Vec<CUevent>,
     pending: Vec<Copying>,
+    /// How it waits for its copies: its context's way, asked when the lane was made.
+    waits: Waits,
 }
 
 /// Where the copy out of a staging buffer stands.
@@ -914,6 +985,7 @@ unsafe impl Backend for CudaBackend {
             buffers: Vec::new(),
             events: Vec::new(),
             pending: Vec::new(),
+            waits: Waits::of_current(),
         };
         for _ in 0..buffers {
             let mut ev = std::ptr::null_mut();
@@ -988,10 +1060,14 @@ impl CudaLane {
     fn wait(&mut self, i: usize) -> Result<()> {
         self.record_queued()?;
         if self.pending[i] == Copying::Recorded {
-            // SAFETY: a live event of this lane.
-            cuda("waiting for a copy", unsafe {
-                sys::cuEventSynchronize(self.events[i])
-            })?;
+            let ev = self.events[i];
+            self.waits.wait(
+                "waiting for a copy",
+                // SAFETY: a live event of this lane.
+                || unsafe { sys::cuEventQuery(ev) },
+                // SAFETY: a live event of this lane.
+                || unsafe { sys::cuEventSynchronize(ev) },
+            )?;
             self.pending[i] = Copying::Idle;
         }
         Ok(())
@@ -1099,10 +1175,14 @@ unsafe impl Lane for CudaLane {
     }
 
     fn finish(&mut self) -> Result<()> {
-        // SAFETY: our stream.
-        cuda("stream synchronize", unsafe {
-            sys::cuStreamSynchronize(self.stream)
-        })?;
+        let stream = self.stream;
+        self.waits.wait(
+            "stream synchronize",
+            // SAFETY: our stream.
+            || unsafe { sys::cuStreamQuery(stream) },
+            // SAFETY: our stream.
+            || unsafe { sys::cuStreamSynchronize(stream) },
+        )?;
         self.pending.iter_mut().for_each(|p| *p = Copying::Idle);
         Ok(())
     }
@@ -1158,5 +1238,32 @@ mod gather_tests {
         assert_eq!(i, t.len());
         assert!(t[4..5].iter().all(|d| (d[0] | d[1] | d[2]) % 16 == 0));
         assert_eq!(GATHER_PIECE % 16, 0);
+    }
+}
+
+#[cfg(test)]
+mod wait_tests {
+    use super::{ask_until_ready, CUresult};
+
+    /// A wait asks until the driver stops answering "not ready", and gives its answer: done,
+    /// or the error (a failed copy is an error, never a finished wait).
+    #[test]
+    fn a_wait_asks_until_ready_and_gives_the_driver_s_answer() {
+        for (last, after) in [
+            (CUresult::CUDA_SUCCESS, 5),
+            (CUresult::CUDA_ERROR_ILLEGAL_ADDRESS, 3),
+            (CUresult::CUDA_ERROR_INVALID_HANDLE, 1),
+        ] {
+            let mut asked = 0;
+            let r = ask_until_ready(|| {
+                asked += 1;
+                if asked < after {
+                    CUresult::CUDA_ERROR_NOT_READY
+                } else {
+                    last
+                }
+            });
+            assert_eq!((r, asked), (last, after));
+        }
     }
 }

@@ -751,6 +751,44 @@ fn current_context() -> cudarc::driver::sys::CUcontext {
     c
 }
 
+/// The engine waits for the GPU as the context's owner chose: asking and yielding the CPU in a
+/// context of the default flags (PyTorch's, CuPy's), asleep in one made with
+/// `CU_CTX_SCHED_BLOCKING_SYNC`. Run on a GPU machine:
+/// `cargo test -p gdirect --features cuda -- --ignored waited_for_as`.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_context_is_waited_for_as_its_flags_say() {
+    use super::cuda::Waits;
+    use cudarc::driver::{sys, CudaContext};
+    let ctx = CudaContext::new(0).expect("CUDA context");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            ctx.bind_to_thread().expect("the primary context, current");
+            let mut flags = 0;
+            // SAFETY: `flags` receives the current context's flags.
+            let r = unsafe { sys::cuCtxGetFlags(&mut flags) };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+            let blocking = sys::CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC as u32;
+            let sched = flags & sys::CUctx_flags::CU_CTX_SCHED_MASK as u32;
+            let want = if sched == blocking {
+                Waits::Block
+            } else {
+                Waits::Yield
+            };
+            assert_eq!(Waits::of_current(), want, "flags {flags:#x}");
+            let mut own = std::ptr::null_mut();
+            // SAFETY: a new context of device 0 that sleeps while waiting, made current on this
+            // thread; destroyed below.
+            let r = unsafe { sys::cuCtxCreate_v4(&mut own, std::ptr::null_mut(), blocking, 0) };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+            assert_eq!(Waits::of_current(), Waits::Block);
+            // SAFETY: the context created above, current on this thread only.
+            unsafe { sys::cuCtxDestroy_v2(own) };
+        });
+    });
+}
+
 /// A read into GPU memory leaves the caller's thread with the context it had: none, or another
 /// one the caller made current. Run on a GPU machine:
 /// `cargo test -p gdirect --features cuda -- --ignored callers_context`.
