@@ -95,7 +95,7 @@
 //!                                 through the module, and a third read; prints the bytes each
 //!                                 read registered (`registered=` A,B,C: B is 0, kept; C is not,
 //!                                 the write retired them) and whether the third read is the
-//!                                 pattern, and the library's count of writes to DEV before
+//!                                 pattern, and the library's write stamp of DEV before
 //!                                 and after (`writes_counted=` X,Y)
 //!   credwrite sync|batch|all|batch-append PATH OFFSET LEN
 //!                                 one write of LEN bytes from registered host memory to PATH
@@ -823,7 +823,7 @@ fn keptwrite(dev: &str, offset: u64, seed: u64, sync: bool) -> gdirect::Result<(
             .join(",")
     );
     println!("read_after_write_equal={}", u8::from(same));
-    // The library's count of writes to the device: the write raised it, whatever the node's
+    // The library's write stamp of the device: the write raised it, whatever the node's
     // times did (they move here: the block layer updates them).
     println!(
         "writes_counted={counted},{}",

@@ -35,22 +35,41 @@ pub(crate) struct FileId {
     size: u64,
     mtime: (i64, i64),
     ctime: (i64, i64),
-    /// This process's writes to the file so far ([`note_write`]).
+    /// The stamp of this process's last write to the file ([`note_write`]).
     writes: u64,
 }
 
 /// The writes this process has made through the library (the compat engine's and the kernel
-/// module's), counted by file (device, inode), as each starts and again as it ends. A file's
-/// count is part of its [`FileId`], so a registration of its page cache kept from before or
-/// during such a write is never reused after it, even where the write left the file's size and
-/// times as they were: their granularity is a clock tick on kernels without multigrain
-/// timestamps (before 6.13), and an `O_DIRECT` write drops the cached pages that a kept
-/// registration pins, which would then show the bytes from before the write. The module's
-/// batched writes count as they are submitted and again at each reap while any of them may
-/// still run (`Driver::submit`, `Driver::reap`). Other processes' writes are told by the file's
-/// times alone. An entry is kept for each file written, for the process's life (16 bytes and
-/// its tree node).
-static WRITES: Mutex<BTreeMap<(u64, u64), u64>> = Mutex::new(BTreeMap::new());
+/// module's), stamped by file (device, inode), as each starts and again as it ends: each stamp
+/// is above every one given before. A file's stamp is part of its [`FileId`], so a registration
+/// of its page cache kept from before or during such a write is never reused after it, even
+/// where the write left the file's size and times as they were: their granularity is a clock
+/// tick on kernels without multigrain timestamps (before 6.13), and an `O_DIRECT` write drops
+/// the cached pages that a kept registration pins, which would then show the bytes from before
+/// the write. The module's batched writes are stamped as they are submitted and again at each
+/// reap while any of them may still run (`Driver::submit`, `Driver::reap`). Other processes'
+/// writes are told by the file's times alone.
+///
+/// At most [`WRITES_KEPT`] files are kept: a write to one more empties the table and raises the
+/// stamp of every file not written since (`floor`) above all earlier ones, so every kept
+/// registration is made again once (a process that writes many files costs bounded memory, and
+/// a registration is never reused across a write it did not see).
+static WRITES: Mutex<Writes> = Mutex::new(Writes {
+    stamps: BTreeMap::new(),
+    floor: 0,
+    last: 0,
+});
+
+/// The files [`WRITES`] keeps stamps for.
+const WRITES_KEPT: usize = 4096;
+
+struct Writes {
+    stamps: BTreeMap<(u64, u64), u64>,
+    /// The stamp of a file not in `stamps`.
+    floor: u64,
+    /// The last stamp given.
+    last: u64,
+}
 
 /// Counts a write to the file `f` is open on: called as it starts (a read that begins while it
 /// runs registers anew) and after it ends, made, failed or cut short (any of its bytes may have
@@ -70,19 +89,27 @@ pub(crate) fn file_key(f: &impl std::os::fd::AsFd) -> Option<(u64, u64)> {
 
 /// [`note_write`] of the file `key` names.
 pub(crate) fn note_write_key(key: (u64, u64)) {
-    *lock(&WRITES).entry(key).or_insert(0) += 1;
+    let mut w = lock(&WRITES);
+    w.last += 1;
+    let stamp = w.last;
+    if w.stamps.len() >= WRITES_KEPT && !w.stamps.contains_key(&key) {
+        w.stamps.clear();
+        w.floor = stamp;
+    }
+    w.stamps.insert(key, stamp);
 }
 
-/// This process's writes to the file `f` is open on, as counted so far (test programs check
-/// that a write path counts).
+/// The stamp of this process's last write to the file `f` is open on: it rises with each write
+/// (test programs check that a write path stamps).
 #[doc(hidden)]
 pub fn writes_counted(f: &impl std::os::fd::AsFd) -> u64 {
     file_key(f).map_or(0, |(dev, ino)| writes_to(dev, ino))
 }
 
-/// This process's writes to file (`dev`, `ino`) so far.
+/// The stamp of this process's last write to file (`dev`, `ino`).
 fn writes_to(dev: u64, ino: u64) -> u64 {
-    lock(&WRITES).get(&(dev, ino)).copied().unwrap_or(0)
+    let w = lock(&WRITES);
+    w.stamps.get(&(dev, ino)).copied().unwrap_or(w.floor)
 }
 
 /// A read-only shared mapping of a whole file.
@@ -483,5 +510,39 @@ impl FileId {
     pub(crate) fn with_times_of(mut self, then: &FileId) -> FileId {
         (self.size, self.mtime, self.ctime) = (then.size, then.mtime, then.ctime);
         self
+    }
+}
+
+#[cfg(test)]
+mod writes_tests {
+    use super::{lock, note_write_key, writes_to, WRITES, WRITES_KEPT};
+
+    /// A write raises its file's stamp; past [`WRITES_KEPT`] files the table is emptied, and the
+    /// stamp of a file not written since rises too (its kept registrations are made again),
+    /// never falling back to one it had. (Keys of a device number no file has.)
+    #[test]
+    fn write_stamps_rise_and_their_table_stays_bounded() {
+        let dev = u64::MAX - 7;
+        let key = |i: u64| (dev, i);
+        note_write_key(key(0));
+        let first = writes_to(dev, 0);
+        note_write_key(key(0));
+        assert!(writes_to(dev, 0) > first);
+        let unwritten = writes_to(dev, u64::MAX);
+        let mut seen = vec![writes_to(dev, 0)];
+        for i in 1..=WRITES_KEPT as u64 + 1 {
+            note_write_key(key(i));
+            assert!(lock(&WRITES).stamps.len() <= WRITES_KEPT);
+            seen.push(writes_to(dev, 0));
+        }
+        assert!(
+            writes_to(dev, u64::MAX) > unwritten,
+            "a file's stamp stayed across the table's emptying"
+        );
+        assert!(
+            seen.windows(2).all(|w| w[1] >= w[0]),
+            "a file's stamp fell: {seen:?}"
+        );
+        assert!(*seen.last().unwrap_or(&0) > seen[0]);
     }
 }
