@@ -71,6 +71,24 @@ struct Writes {
     last: u64,
 }
 
+impl Writes {
+    /// Stamps a write to file `key`.
+    fn note(&mut self, key: (u64, u64)) {
+        self.last += 1;
+        let stamp = self.last;
+        if self.stamps.len() >= WRITES_KEPT && !self.stamps.contains_key(&key) {
+            self.stamps.clear();
+            self.floor = stamp;
+        }
+        self.stamps.insert(key, stamp);
+    }
+
+    /// The stamp of file `key`'s last write.
+    fn stamp(&self, key: (u64, u64)) -> u64 {
+        self.stamps.get(&key).copied().unwrap_or(self.floor)
+    }
+}
+
 /// Counts a write to the file `f` is open on: called as it starts (a read that begins while it
 /// runs registers anew) and after it ends, made, failed or cut short (any of its bytes may have
 /// changed), before the writer returns.
@@ -89,14 +107,7 @@ pub(crate) fn file_key(f: &impl std::os::fd::AsFd) -> Option<(u64, u64)> {
 
 /// [`note_write`] of the file `key` names.
 pub(crate) fn note_write_key(key: (u64, u64)) {
-    let mut w = lock(&WRITES);
-    w.last += 1;
-    let stamp = w.last;
-    if w.stamps.len() >= WRITES_KEPT && !w.stamps.contains_key(&key) {
-        w.stamps.clear();
-        w.floor = stamp;
-    }
-    w.stamps.insert(key, stamp);
+    lock(&WRITES).note(key);
 }
 
 /// The stamp of this process's last write to the file `f` is open on: it rises with each write
@@ -108,8 +119,7 @@ pub fn writes_counted(f: &impl std::os::fd::AsFd) -> u64 {
 
 /// The stamp of this process's last write to file (`dev`, `ino`).
 fn writes_to(dev: u64, ino: u64) -> u64 {
-    let w = lock(&WRITES);
-    w.stamps.get(&(dev, ino)).copied().unwrap_or(w.floor)
+    lock(&WRITES).stamp((dev, ino))
 }
 
 /// A read-only shared mapping of a whole file.
@@ -515,32 +525,38 @@ impl FileId {
 
 #[cfg(test)]
 mod writes_tests {
-    use super::{lock, note_write_key, writes_to, WRITES, WRITES_KEPT};
+    use super::{Writes, WRITES_KEPT};
+    use std::collections::BTreeMap;
 
     /// A write raises its file's stamp; past [`WRITES_KEPT`] files the table is emptied, and the
     /// stamp of a file not written since rises too (its kept registrations are made again),
-    /// never falling back to one it had. (Keys of a device number no file has.)
+    /// never falling back to one it had. (A table of the test's own: emptying the process's
+    /// would retire the registrations that tests running beside it keep.)
     #[test]
     fn write_stamps_rise_and_their_table_stays_bounded() {
-        let dev = u64::MAX - 7;
-        let key = |i: u64| (dev, i);
-        note_write_key(key(0));
-        let first = writes_to(dev, 0);
-        note_write_key(key(0));
-        assert!(writes_to(dev, 0) > first);
-        let unwritten = writes_to(dev, u64::MAX);
-        let mut seen = vec![writes_to(dev, 0)];
+        let mut w = Writes {
+            stamps: BTreeMap::new(),
+            floor: 0,
+            last: 0,
+        };
+        let key = |i: u64| (7, i);
+        w.note(key(0));
+        let first = w.stamp(key(0));
+        w.note(key(0));
+        assert!(w.stamp(key(0)) > first);
+        let unwritten = w.stamp(key(u64::MAX));
+        let mut seen = vec![w.stamp(key(0))];
         for i in 1..=WRITES_KEPT as u64 + 1 {
-            note_write_key(key(i));
-            assert!(lock(&WRITES).stamps.len() <= WRITES_KEPT);
-            seen.push(writes_to(dev, 0));
+            w.note(key(i));
+            assert!(w.stamps.len() <= WRITES_KEPT);
+            seen.push(w.stamp(key(0)));
         }
         assert!(
-            writes_to(dev, u64::MAX) > unwritten,
+            w.stamp(key(u64::MAX)) > unwritten,
             "a file's stamp stayed across the table's emptying"
         );
         assert!(
-            seen.windows(2).all(|w| w[1] >= w[0]),
+            seen.windows(2).all(|p| p[1] >= p[0]),
             "a file's stamp fell: {seen:?}"
         );
         assert!(*seen.last().unwrap_or(&0) > seen[0]);
