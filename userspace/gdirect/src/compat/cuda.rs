@@ -33,10 +33,13 @@ pub(crate) fn cuda_err(what: &'static str, e: DriverError) -> Error {
 /// when the process has fewer contexts than CPUs (`CU_CTX_SCHED_AUTO`, the flags of a context
 /// that PyTorch or CuPy made): each engine thread waiting for its copy then holds a CPU that
 /// another thread needs for its own copy out of the page cache. Asking the driver and yielding
-/// the CPU between asks (`sched_yield`), as `CU_CTX_SCHED_YIELD` does, keeps a lone wait as
-/// quick and lets a busy machine's threads run (BENCHMARKS.md, "How the engine's threads
-/// wait"). A context made with `CU_CTX_SCHED_BLOCKING_SYNC` is waited for as its owner chose:
-/// asleep, by the driver.
+/// the CPU between asks (`sched_yield`), as `CU_CTX_SCHED_YIELD` does, lets a busy machine's
+/// threads run (BENCHMARKS.md, "How the engine's threads wait"); every other context (`AUTO`,
+/// `SPIN`, `YIELD`) is waited for so. A context made with `CU_CTX_SCHED_BLOCKING_SYNC` is
+/// waited for as its owner chose: asleep, by the driver. These are the waits for the engine's
+/// own copies (its lanes, its device-to-host copies) and for a caller's stream
+/// ([`CudaBackend::wait_stream`]); a wait for a whole context (`cuCtxSynchronize`) or for a
+/// cudarc stream is the driver's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Waits {
     Yield,
@@ -926,7 +929,8 @@ pub struct CudaLane {
     buffers: Vec<Option<Pinned>>,
     events: Vec<CUevent>,
     pending: Vec<Copying>,
-    /// How it waits for its copies: its context's way, asked when the lane was made.
+    /// How it waits for its copies: its context's way when the lane was made (a lane is kept
+    /// for the engine's life; flags changed later are not seen).
     waits: Waits,
 }
 
@@ -987,11 +991,19 @@ unsafe impl Backend for CudaBackend {
             pending: Vec::new(),
             waits: Waits::of_current(),
         };
+        // In a context that sleeps while waiting, the lane's events do too (an event made
+        // without `CU_EVENT_BLOCKING_SYNC` is waited for by spinning, whatever the context's
+        // flags).
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
+            | match lane.waits {
+                Waits::Block => sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32,
+                Waits::Yield => 0,
+            };
         for _ in 0..buffers {
             let mut ev = std::ptr::null_mut();
             // SAFETY: as above; `ev` receives the handle.
             cuda("event creation", unsafe {
-                sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+                sys::cuEventCreate(&mut ev, flags)
             })?;
             lane.events.push(ev);
             lane.buffers.push(None);
