@@ -27,6 +27,10 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 old="" new="" blocks="2M 256K" reps=2 out=${OUT:-$PWD/bench-out}
 while [ $# -gt 0 ]; do
 	case $1 in
+	--old | --new | --blocks | --reps | --out)
+		[ $# -ge 2 ] || { echo "builds.sh: $1 takes a value" >&2; exit 2; } ;;
+	esac
+	case $1 in
 	--old) old=$2; shift 2 ;;
 	--new) new=$2; shift 2 ;;
 	--blocks) blocks=$2; shift 2 ;;
@@ -42,7 +46,8 @@ for d in "$old" "$new"; do
 done
 case $reps in '' | *[!0-9]* | 0) echo "builds.sh: --reps takes a number from 1" >&2; exit 2 ;; esac
 for b in $blocks; do
-	numfmt --from=iec "$b" >/dev/null 2>&1 || { echo "builds.sh: bad block size $b (64K, 2M...)" >&2; exit 2; }
+	n=$(numfmt --from=iec "$b" 2>/dev/null) && [ "$n" -ge 4096 ] && [ $((n % 4096)) = 0 ] ||
+		{ echo "builds.sh: bad block size $b (a multiple of 4K: 64K, 2M...)" >&2; exit 2; }
 done
 old=$(cd "$old" && pwd) new=$(cd "$new" && pwd)
 mkdir -p "$out"
@@ -58,27 +63,28 @@ python3 - "$gpu" "$versions" "${GDIRECT_COMMIT_OLD:-unknown}" "${GDIRECT_COMMIT_
 	print(json.dumps({"meta": {"command": command, "commit_old": old, "commit_new": new, "gpu": gpu,
 	    "versions": versions, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}}))
 	EOF2
-[ -s "$file" ] || head -c 1G /dev/urandom >"$file"
+[ "$(stat -c %s "$file" 2>/dev/null)" = 1073741824 ] || head -c 1G /dev/urandom >"$file"
 cat "$file" >/dev/null
 
 # One measurement: label, build (old, new or -), rep, then the command. The caller's own
 # GDIRECT_* settings are left out: both builds run their defaults.
+while read -r v; do unset "$v"; done < <(compgen -e | grep '^GDIRECT_')
 rc=0
 one() {
-	local label=$1 build=$2 rep=$3 json dir=""
+	local label=$1 build=$2 rep=$3 json line dir=""
 	shift 3
 	case $build in old) dir=$old ;; new) dir=$new ;; esac
-	if ! json=$(env -u GDIRECT_THREADS -u GDIRECT_TASK_SIZE -u GDIRECT_STAGING_SIZE -u GDIRECT_PAGE_CACHE \
-		-u GDIRECT_KEEP_MAPPED -u GDIRECT_WRITE_PIECE -u GDIRECT_DIRECT_THRESHOLD \
-		PYTHONPATH="${dir:+$dir:}${PYTHONPATH:-}" "$@"); then
-		echo "{\"label\": \"$label\", \"build\": \"$build\", \"rep\": $rep, \"failed\": true}" | tee -a "$results"
-		rc=1
-		return 1
-	fi
-	python3 -c 'import json, sys
+	if json=$(PYTHONPATH="$dir${PYTHONPATH:+${dir:+:}$PYTHONPATH}" "$@") &&
+		line=$(python3 -c 'import json, sys
 r = json.loads(sys.argv[4])
 print(json.dumps({"label": sys.argv[1], "build": sys.argv[2], "rep": int(sys.argv[3]), **r}))' \
-		"$label" "$build" "$rep" "$json" | tee -a "$results"
+			"$label" "$build" "$rep" "$json"); then
+		echo "$line" | tee -a "$results"
+		return 0
+	fi
+	echo "{\"label\": \"$label\", \"build\": \"$build\", \"rep\": $rep, \"failed\": true}" | tee -a "$results"
+	rc=1
+	return 1
 }
 blocks_py() { one "$1" "$2" "$3" python3 "$root/tests/bench/blocks.py" "$file" "${@:4}"; }
 largest=$(for b in $blocks; do echo "$(numfmt --from=iec "$b") $b"; done | sort -n | tail -n 1 | cut -d' ' -f2)
