@@ -62,19 +62,37 @@ impl Waits {
         }
     }
 
-    /// Waits: asks `query` (`cuEventQuery`, `cuStreamQuery`) until it no longer answers "not
-    /// ready", or calls `sync` (its `...Synchronize`), and gives the driver's answer.
-    pub(super) fn wait(
-        self,
-        what: &'static str,
-        query: impl FnMut() -> CUresult,
-        sync: impl FnOnce() -> CUresult,
-    ) -> Result<()> {
+    /// Waits for the work queued on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is a live stream of the current context, or `CU_STREAM_LEGACY` (1) or
+    /// `CU_STREAM_PER_THREAD` (2).
+    pub(super) unsafe fn stream(self, stream: CUstream) -> Result<()> {
         cuda(
-            what,
+            "stream synchronize",
             match self {
-                Self::Yield => ask_until_ready(query),
-                Self::Block => sync(),
+                // SAFETY: the caller's promise.
+                Self::Yield => ask_until_ready(|| unsafe { sys::cuStreamQuery(stream) }),
+                // SAFETY: the caller's promise.
+                Self::Block => unsafe { sys::cuStreamSynchronize(stream) },
+            },
+        )
+    }
+
+    /// Waits for the work before `event`'s last record.
+    ///
+    /// # Safety
+    ///
+    /// `event` is a live event of the current context.
+    pub(super) unsafe fn event(self, event: CUevent) -> Result<()> {
+        cuda(
+            "waiting for a copy",
+            match self {
+                // SAFETY: the caller's promise.
+                Self::Yield => ask_until_ready(|| unsafe { sys::cuEventQuery(event) }),
+                // SAFETY: the caller's promise.
+                Self::Block => unsafe { sys::cuEventSynchronize(event) },
             },
         )
     }
@@ -355,14 +373,8 @@ impl CudaBackend {
     /// As [`CudaBackend::stream_done`].
     pub unsafe fn wait_stream(&self, stream: u64) -> Result<()> {
         let _entered = Entered::push(&self.ctx)?;
-        let stream = stream as sys::CUstream;
-        Waits::of_current().wait(
-            "stream synchronize",
-            // SAFETY: the caller's promise for the handle; the context is current.
-            || unsafe { sys::cuStreamQuery(stream) },
-            // SAFETY: the caller's promise for the handle; the context is current.
-            || unsafe { sys::cuStreamSynchronize(stream) },
-        )
+        // SAFETY: the caller's promise for the handle; the context is current.
+        unsafe { Waits::of_current().stream(stream as sys::CUstream) }
     }
 
     /// The context.
@@ -814,14 +826,8 @@ impl OwnStream {
     }
 
     fn synchronize(&self) -> Result<()> {
-        let s = self.0;
-        Waits::of_current().wait(
-            "stream synchronize",
-            // SAFETY: our live stream, of the current context.
-            || unsafe { sys::cuStreamQuery(s) },
-            // SAFETY: our live stream, of the current context.
-            || unsafe { sys::cuStreamSynchronize(s) },
-        )
+        // SAFETY: our live stream, of the current context.
+        unsafe { Waits::of_current().stream(self.0) }
     }
 }
 
@@ -1072,14 +1078,8 @@ impl CudaLane {
     fn wait(&mut self, i: usize) -> Result<()> {
         self.record_queued()?;
         if self.pending[i] == Copying::Recorded {
-            let ev = self.events[i];
-            self.waits.wait(
-                "waiting for a copy",
-                // SAFETY: a live event of this lane.
-                || unsafe { sys::cuEventQuery(ev) },
-                // SAFETY: a live event of this lane.
-                || unsafe { sys::cuEventSynchronize(ev) },
-            )?;
+            // SAFETY: a live event of this lane, whose context is current.
+            unsafe { self.waits.event(self.events[i]) }?;
             self.pending[i] = Copying::Idle;
         }
         Ok(())
@@ -1187,14 +1187,8 @@ unsafe impl Lane for CudaLane {
     }
 
     fn finish(&mut self) -> Result<()> {
-        let stream = self.stream;
-        self.waits.wait(
-            "stream synchronize",
-            // SAFETY: our stream.
-            || unsafe { sys::cuStreamQuery(stream) },
-            // SAFETY: our stream.
-            || unsafe { sys::cuStreamSynchronize(stream) },
-        )?;
+        // SAFETY: our stream, whose context is current.
+        unsafe { self.waits.stream(self.stream) }?;
         self.pending.iter_mut().for_each(|p| *p = Copying::Idle);
         Ok(())
     }
