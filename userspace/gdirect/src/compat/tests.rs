@@ -765,26 +765,35 @@ fn a_context_is_waited_for_as_its_flags_say() {
     std::thread::scope(|s| {
         s.spawn(|| {
             ctx.bind_to_thread().expect("the primary context, current");
-            let mut flags = 0;
-            // SAFETY: `flags` receives the current context's flags.
-            let r = unsafe { sys::cuCtxGetFlags(&mut flags) };
-            assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
-            let blocking = sys::CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC as u32;
-            let sched = flags & sys::CUctx_flags::CU_CTX_SCHED_MASK as u32;
-            let want = if sched == blocking {
-                Waits::Block
-            } else {
-                Waits::Yield
-            };
-            assert_eq!(Waits::of_current(), want, "flags {flags:#x}");
-            let mut own = std::ptr::null_mut();
-            // SAFETY: a new context of device 0 that sleeps while waiting, made current on this
-            // thread; destroyed below.
-            let r = unsafe { sys::cuCtxCreate_v4(&mut own, std::ptr::null_mut(), blocking, 0) };
-            assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
-            assert_eq!(Waits::of_current(), Waits::Block);
-            // SAFETY: the context created above, current on this thread only.
-            unsafe { sys::cuCtxDestroy_v2(own) };
+            // A context of each scheduling flag, made current in turn: only one made to sleep
+            // while waiting is waited for asleep; the others (spin, yield, and the driver's
+            // choice between them) are asked and yielded to.
+            use sys::CUctx_flags::*;
+            for (flag, want) in [
+                (CU_CTX_SCHED_AUTO, Waits::Yield),
+                (CU_CTX_SCHED_SPIN, Waits::Yield),
+                (CU_CTX_SCHED_YIELD, Waits::Yield),
+                (CU_CTX_SCHED_BLOCKING_SYNC, Waits::Block),
+            ] {
+                let mut own = std::ptr::null_mut();
+                // SAFETY: a new context of device 0 with `flag`, made current on this thread;
+                // destroyed below.
+                let r =
+                    unsafe { sys::cuCtxCreate_v4(&mut own, std::ptr::null_mut(), flag as u32, 0) };
+                assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{flag:?}");
+                let mut flags = 0;
+                // SAFETY: `flags` receives the current context's flags.
+                let r = unsafe { sys::cuCtxGetFlags(&mut flags) };
+                assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+                assert_eq!(
+                    flags & CU_CTX_SCHED_MASK as u32,
+                    flag as u32,
+                    "{flag:?} set"
+                );
+                assert_eq!(Waits::of_current(), want, "{flag:?}");
+                // SAFETY: the context created above, current on this thread only.
+                unsafe { sys::cuCtxDestroy_v2(own) };
+            }
         });
     });
 }
