@@ -14,6 +14,8 @@
 #             registered with the driver, kept between reads: the GPU copies from it, no CPU
 #             copy; it pins up to 2 GiB of page cache while kept)
 #   threads8  GDIRECT_THREADS=8 (half the engine's threads)
+#   queued    GDIRECT_INLINE_SIZE=0 (every File.pread handed to the package's I/O threads, none
+#             run before pread returns: the futures as they were before the inline size)
 # Writes OUT/settings.jsonl anew: a meta line, then one JSON object per measurement; exits 1
 # if a measurement failed (a wrong slot, an error), recorded as failed.
 #
@@ -21,7 +23,7 @@
 #   --blocks LIST    block sizes (default "2M 256K")
 #   --variants LIST  default "default task512K task1M mapped threads8"
 #   --latency        also one thread's 4 KiB reads: gdirect's and KvikIO's futures by default,
-#                    and gdirect's with `mapped`
+#                    and gdirect's under each of `mapped` and `queued` among the variants
 #
 # Needs: python3 with cupy, numpy, the gdirect package and KvikIO importable.
 set -uo pipefail
@@ -34,7 +36,7 @@ while [ $# -gt 0 ]; do
 	--variants) variants=$2; shift 2 ;;
 	--latency) latency=1; shift ;;
 	--out) out=$2; shift 2 ;;
-	-h | --help) sed -n '3,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '3,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "settings.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -45,6 +47,7 @@ env_of() {
 	task1M) echo GDIRECT_TASK_SIZE=1M GDIRECT_STAGING_SIZE=4M ;;
 	mapped) echo GDIRECT_PAGE_CACHE=mapped GDIRECT_KEEP_MAPPED=2G ;;
 	threads8) echo GDIRECT_THREADS=8 ;;
+	queued) echo GDIRECT_INLINE_SIZE=0 ;;
 	*) echo "settings.sh: unknown variant $1" >&2; exit 2 ;;
 	esac
 }
@@ -76,7 +79,7 @@ one() {
 	# (env_of's words are NAME=VALUE pairs, split on purpose.)
 	# shellcheck disable=SC2046
 	if ! json=$(env -u GDIRECT_THREADS -u GDIRECT_TASK_SIZE -u GDIRECT_STAGING_SIZE -u GDIRECT_PAGE_CACHE \
-		-u GDIRECT_KEEP_MAPPED -u GDIRECT_WRITE_PIECE -u GDIRECT_DIRECT_THRESHOLD \
+		-u GDIRECT_KEEP_MAPPED -u GDIRECT_WRITE_PIECE -u GDIRECT_DIRECT_THRESHOLD -u GDIRECT_INLINE_SIZE \
 		$(env_of "$variant") python3 "$root/tests/bench/blocks.py" "$file" "$@"); then
 		echo "{\"label\": \"$label\", \"variant\": \"$variant\", \"failed\": true}" | tee -a "$results"
 		rc=1
@@ -102,6 +105,8 @@ if [ "$latency" = 1 ]; then
 	for m in gdirect-pread kvikio; do
 		one "latency 4K t1 $m" default --method $m --block 4096 --threads 1 --requests 8192
 	done
-	one "latency 4K t1 gdirect-pread" mapped --method gdirect-pread --block 4096 --threads 1 --requests 8192
+	for v in mapped queued; do
+		case " $variants " in *" $v "*) one "latency 4K t1 gdirect-pread" $v --method gdirect-pread --block 4096 --threads 1 --requests 8192 ;; esac
+	done
 fi
 exit $rc

@@ -9,7 +9,7 @@ use std::{
     collections::HashMap,
     path::PathBuf,
     sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc, Condvar, Mutex, MutexGuard, OnceLock,
     },
     time::{Duration, Instant},
@@ -666,7 +666,20 @@ impl File {
             place,
             settled: read && settle(py, place, stream)?,
         };
-        start(read, vec![request], keep, true)
+        // A small request that this thread will wait for at once, as far as can be told (it
+        // holds no other future whose result it has not taken): run here, the GIL released,
+        // as a synchronous call would be, not handed to a `Starter` thread and back. A thread
+        // that starts many before taking their results has the first run here, the rest by
+        // the `Starter` threads, side by side.
+        let untaken = UNTAKEN.with(Arc::clone);
+        let inline = len <= inline_limit()? && untaken.load(Ordering::Relaxed) == 0;
+        let mut fut = start(read, vec![request], keep, true, !inline)?;
+        untaken.fetch_add(1, Ordering::Relaxed);
+        fut.untaken = Some((untaken, AtomicBool::new(false)));
+        if inline {
+            py.allow_threads(|| fut.pending.help_and_wait());
+        }
+        Ok(fut)
     }
 
     fn sink(&self) -> PyResult<&Arc<Sink>> {
@@ -1194,6 +1207,21 @@ struct Future {
     single: bool,
     /// The error `get` raised, raised again by a later `get`.
     raised: Mutex<Option<PyErr>>,
+    /// A single request's place in its issuing thread's count of futures whose result is not
+    /// taken (`UNTAKEN`), and whether it has left it (at its first `get` that returns, or when
+    /// dropped).
+    untaken: Option<(Arc<AtomicUsize>, AtomicBool)>,
+}
+
+impl Future {
+    /// Leaves the issuing thread's count of futures whose result is not taken, once.
+    fn taken(&self) {
+        if let Some((count, left)) = &self.untaken {
+            if !left.swap(true, Ordering::Relaxed) {
+                count.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 #[pymethods]
@@ -1223,6 +1251,7 @@ impl Future {
                 "the requests did not end within the timeout",
             ));
         }
+        self.taken();
         let mut raised = lock(&self.raised);
         if let Some(e) = &*raised {
             return Err(e.clone_ref(py));
@@ -1280,6 +1309,7 @@ impl Future {
 
 impl Drop for Future {
     fn drop(&mut self) {
+        self.taken();
         // The memory (`keep`) must outlive every DMA into or out of it.
         if !self.pending.is_done() {
             Python::with_gil(|py| py.allow_threads(|| self.pending.help_and_wait()));
@@ -1290,7 +1320,13 @@ impl Drop for Future {
 /// Starts `requests` (reads into memory, or writes out of it) on the engines' threads: reads
 /// into the same place go to its engine as one vectored read, whose workers take their pieces
 /// in turn; each write is its own part.
-fn start(read: bool, requests: Vec<Request>, keep: Py<PyAny>, single: bool) -> PyResult<Future> {
+fn start(
+    read: bool,
+    requests: Vec<Request>,
+    keep: Py<PyAny>,
+    single: bool,
+    hand_off: bool,
+) -> PyResult<Future> {
     if read {
         let mut ranges: Vec<(u64, u64)> = requests
             .iter()
@@ -1351,7 +1387,7 @@ fn start(read: bool, requests: Vec<Request>, keep: Py<PyAny>, single: bool) -> P
             }));
         }
     }
-    for _ in 0..spawners {
+    for _ in 0..if hand_off { spawners } else { 0 } {
         Starter::get().push(pending.clone());
     }
     Ok(Future {
@@ -1359,6 +1395,7 @@ fn start(read: bool, requests: Vec<Request>, keep: Py<PyAny>, single: bool) -> P
         keep,
         single,
         raised: Mutex::new(None),
+        untaken: None,
     })
 }
 
@@ -1379,6 +1416,41 @@ struct Starter {
     /// a CPU; on 2 (this project's CI machine) it took the caller's, and 1 in 100 of its
     /// 4 KiB `pread(...).get()` calls took 60 µs, not 6.
     looks: bool,
+}
+
+/// The largest request that `File.pread`/`pwrite` run in the calling thread before they return
+/// (when it holds no other future whose result it has not taken), by default: a 4 KiB request
+/// handed to a `Starter` thread cost a wake-up and a hand-off back, more than its I/O (as
+/// KvikIO's `pread` runs its requests below `gds_threshold` before returning).
+const INLINE_SIZE: u64 = 64 << 10;
+
+/// The largest request run in the calling thread: `configure(inline_size=...)`, else
+/// `GDIRECT_INLINE_SIZE`, else `INLINE_SIZE`; `u64::MAX` until the first request reads it.
+static INLINE: AtomicU64 = AtomicU64::new(u64::MAX);
+
+fn inline_limit() -> PyResult<u64> {
+    match INLINE.load(Ordering::Relaxed) {
+        u64::MAX => {
+            let n = match std::env::var("GDIRECT_INLINE_SIZE") {
+                Ok(v) => gdirect::compat::parse_size(&v).ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "GDIRECT_INLINE_SIZE={v:?}: expected a size in bytes, with an optional K, M or G"
+                    ))
+                })?,
+                Err(_) => INLINE_SIZE,
+            }
+            .min(u64::MAX - 1);
+            INLINE.store(n, Ordering::Relaxed);
+            Ok(n)
+        }
+        n => Ok(n),
+    }
+}
+
+thread_local! {
+    /// This thread's single-request futures whose result has not been taken (`get`) and that
+    /// are not dropped: while it holds one, its next small request is not run at once.
+    static UNTAKEN: Arc<AtomicUsize> = Arc::new(AtomicUsize::new(0));
 }
 
 /// How long a `Starter` thread that has run a call looks for the next before it sleeps.
@@ -1638,7 +1710,7 @@ fn submit(
             settled,
         });
     }
-    start(read, reqs, keep, false)
+    start(read, reqs, keep, false, true)
 }
 
 /// Sets the engines' settings (`None` keeps the environment's or the default); engines made
@@ -1646,8 +1718,9 @@ fn submit(
 #[pyfunction]
 #[pyo3(signature = (
     threads=None, task_size=None, page_cache=None, staging_size=None, keep_mapped=None,
-    max_piece=None
+    max_piece=None, inline_size=None
 ))]
+#[allow(clippy::too_many_arguments)]
 fn configure(
     threads: Option<usize>,
     task_size: Option<u64>,
@@ -1655,6 +1728,7 @@ fn configure(
     staging_size: Option<u64>,
     keep_mapped: Option<u64>,
     max_piece: Option<u64>,
+    inline_size: Option<u64>,
 ) -> PyResult<()> {
     let page_cache = page_cache
         .map(|p| {
@@ -1675,6 +1749,12 @@ fn configure(
     };
     // Checked now, so that a bad value is an error of this call, not of a later read.
     overrides.builder().settings().map_err(py_err)?;
+    // (`None`: the environment's again, read and checked now.)
+    INLINE.store(
+        inline_size.map_or(u64::MAX, |n| n.min(u64::MAX - 1)),
+        Ordering::Relaxed,
+    );
+    inline_limit()?;
     let mut e = lock(engines());
     e.overrides = overrides;
     e.host = None;
@@ -1697,6 +1777,7 @@ fn settings(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("staging_size", s.staging_size)?;
     d.set_item("keep_mapped", s.keep_mapped)?;
     d.set_item("max_piece", s.max_piece)?;
+    d.set_item("inline_size", inline_limit()?)?;
     Ok(d)
 }
 

@@ -83,10 +83,12 @@ def test_configure_sets_every_setting_and_settings_reports_them(data):
     path, b = data
     try:
         gdirect.configure(threads=2, task_size=64 << 10, page_cache="buffered",
-                          staging_size=256 << 10, keep_mapped=8 << 20, max_piece=128 << 10)
+                          staging_size=256 << 10, keep_mapped=8 << 20, max_piece=128 << 10,
+                          inline_size=8 << 10)
         assert gdirect.settings() == {
             "threads": 2, "task_size": 64 << 10, "page_cache": "buffered",
             "staging_size": 256 << 10, "keep_mapped": 8 << 20, "max_piece": 128 << 10,
+            "inline_size": 8 << 10,
         }
         dest = bytearray(len(b))
         assert gdirect.File(path).read(dest).bytes == len(b) and bytes(dest) == b
@@ -95,7 +97,7 @@ def test_configure_sets_every_setting_and_settings_reports_them(data):
         assert gdirect.settings()["staging_size"] == 256 << 10
         # (A staging size below the task size means one buffer per worker: not an error.)
         for bad in ({"max_piece": 0}, {"task_size": 1000}, {"page_cache": "sometimes"},
-                    {"threads": 0}, {"keep_mapped": -1}):
+                    {"threads": 0}, {"keep_mapped": -1}, {"inline_size": -1}):
             with pytest.raises(ValueError):
                 gdirect.configure(**bad)
     finally:

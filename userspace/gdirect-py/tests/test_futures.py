@@ -311,3 +311,69 @@ def test_a_callback_that_raises_is_reported_not_fatal(data_file, monkeypatch):
     # Added after the end, it runs at once, in this thread: its exception is this call's.
     with pytest.raises(RuntimeError, match="from a callback"):
         fut.add_done_callback(bad)
+
+
+def test_a_small_request_waited_for_at_once_is_done_when_pread_returns(data_file):
+    # A thread that holds no future whose result it has not taken: a request of inline_size
+    # bytes or fewer runs before pread returns (its future is done), however it is taken.
+    path, data = data_file
+    f = gdirect.File(path)
+    assert gdirect.settings()["inline_size"] == 64 << 10
+    for size in (1, 4096, 64 << 10):
+        dest = poisoned(size)
+        fut = f.pread(dest, size, 777)
+        assert fut.done(), size
+        assert dest == data[777 : 777 + size]  # before get(): the bytes are there already
+        assert fut.get() == size
+    # A result taken by get() in another thread, or a future dropped untaken, leaves this
+    # thread free to run the next one at once again.
+    fut = f.pread(poisoned(4096), 4096, 0)
+    t = threading.Thread(target=fut.get)
+    t.start()
+    t.join()
+    assert f.pread(poisoned(4096), 4096, 0).done()  # (dropped at once: not got)
+    dest = poisoned(4096)
+    assert f.pread(dest, 4096, 5).done() and dest == data[5:4101]
+    # Writes as reads.
+    g = gdirect.File(path + ".w", "w")
+    fut = g.pwrite(b"x" * 5000, file_offset=3)
+    assert fut.done() and fut.get() == 5000
+    assert open(path + ".w", "rb").read() == b"\0" * 3 + b"x" * 5000
+
+
+def test_requests_started_while_results_are_untaken_are_all_right(data_file):
+    # The first of many runs at once; the rest, started while it is untaken, are the I/O
+    # threads' (or get()'s): every byte right whichever ran it, with any inline size.
+    path, data = data_file
+    f = gdirect.File(path)
+    try:
+        for inline in (0, 4096, 64 << 10, 1 << 20):
+            gdirect.configure(inline_size=inline)
+            rng = np.random.default_rng(inline)
+            sizes = rng.integers(1, 100000, 200)
+            offsets = rng.integers(0, SIZE - 100000, 200)
+            slots = poisoned(100000 * 200)
+            futs = [f.pread(slots, int(n), int(o), i * 100000)
+                    for i, (n, o) in enumerate(zip(sizes, offsets))]
+            # (Done when run at once; one handed off may be done by now too.)
+            assert futs[0].done() or sizes[0] > inline
+            assert [fut.get() for fut in futs] == [int(n) for n in sizes]
+            for i, (n, o) in enumerate(zip(sizes, offsets)):
+                got = slots[i * 100000 : (i + 1) * 100000]
+                assert got[:n] == data[o : o + n] and set(got[n:]) <= {POISON}, (inline, i)
+    finally:
+        gdirect.configure()
+
+
+@pytest.mark.parametrize("value, want", [("8K", 8192), ("0", 0), ("soon", None)])
+def test_the_inline_size_from_the_environment(value, want):
+    import subprocess
+    import sys
+
+    code = "import gdirect; print(gdirect.settings()['inline_size'])"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "GDIRECT_INLINE_SIZE": value})
+    if want is None:
+        assert r.returncode != 0 and "GDIRECT_INLINE_SIZE" in r.stderr, r.stderr
+    else:
+        assert r.returncode == 0 and r.stdout.strip() == str(want), r.stderr

@@ -460,8 +460,11 @@ class File:
         KvikIO's ``CuFile.pread``'s, in its order; ``buf`` is anything ``read`` takes. The
         read is started by the package's I/O threads (no Python thread per request; a ``get()``
         without a timeout called first runs it itself), so many can be in
-        flight from one thread; the future holds ``buf`` until the read ends. Bad arguments
-        raise here; what the read meets, ``get()`` raises."""
+        flight from one thread; the future holds ``buf`` until the read ends. A read of
+        ``inline_size`` bytes or fewer (``configure``; default 64 KiB) by a thread that holds no
+        other future whose result it has not taken with ``get()`` runs before this returns (the
+        GIL released), and its future is done. Bad arguments raise here; what the read meets,
+        ``get()`` raises."""
         return self._start(buf, True, size, file_offset, buf_offset)
 
     def pwrite(
@@ -600,6 +603,7 @@ def configure(
     staging_size: Optional[int] = None,
     keep_mapped: Optional[int] = None,
     max_piece: Optional[int] = None,
+    inline_size: Optional[int] = None,
 ) -> None:
     """Sets the engine's settings for the reads and writes that follow, over the environment's
     (``GDIRECT_THREADS``, ``GDIRECT_TASK_SIZE``, ``GDIRECT_PAGE_CACHE``,
@@ -613,17 +617,19 @@ def configure(
     environment's), bytes of page-cache registrations kept between reads (``mapped``: a file's
     are retired by this process's writes to it and by a change of its size or times; for a KV
     cache read again and again, ``page_cache="mapped", keep_mapped=2 << 30``), and the
-    largest piece a worker claims at once. ``None`` keeps the environment's value or the
+    largest piece a worker claims at once, and the largest request that ``File.pread`` and
+    ``pwrite`` run in the calling thread before they return (``GDIRECT_INLINE_SIZE``, default
+    64 KiB; 0: every request is handed to the package's I/O threads; see ``pread``). ``None`` keeps the environment's value or the
     default; a value that cannot be used raises ``ValueError``. Whether the kernel module is
     used is the environment's, read once per process as the Rust library reads it:
     ``GDIRECT_COMPAT_MODE`` (``auto``, ``on``: never the module, ``off``: the module or an
     error) and ``GDIRECT_DIRECT_THRESHOLD`` (smaller transfers skip the module in ``auto``).
     (The library's ``latencies`` do not apply: reports carry no per-I/O latencies.)"""
     sizes = {"threads": threads, "task_size": task_size, "staging_size": staging_size,
-             "keep_mapped": keep_mapped, "max_piece": max_piece}
+             "keep_mapped": keep_mapped, "max_piece": max_piece, "inline_size": inline_size}
     n = {k: None if v is None else _index(k, v) for k, v in sizes.items()}
     _native.configure(n["threads"], n["task_size"], page_cache, n["staging_size"],
-                      n["keep_mapped"], n["max_piece"])
+                      n["keep_mapped"], n["max_piece"], n["inline_size"])
 
 
 def settings() -> dict:
