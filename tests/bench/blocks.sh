@@ -49,7 +49,7 @@ say() { printf '%s  %s\n' "$(date +%T)" "$*"; }
 
 machine="$(nproc) CPUs, kernel $(uname -r)"
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)
-versions=$(python3 -c 'import kvikio, cupy, gdirect; print("gdirect", gdirect.__version__ + ", KvikIO", kvikio.__version__ + ", CuPy", cupy.__version__)') || exit 1
+versions=$(python3 -c 'import kvikio, kvikio.defaults, cupy, gdirect; print("gdirect", gdirect.__version__ + ", KvikIO", kvikio.__version__, "(gds_threshold", str(kvikio.defaults.get("gds_threshold")) + "), CuPy", cupy.__version__)') || exit 1
 args="--blocks '$blocks' --threads '$threads'$([ "$latency" = 1 ] || echo ' --no-latency') --round-mib $round_mib"
 python3 - "$machine" "$gpu" "$versions" "${GDIRECT_COMMIT:-unknown}" "$args" >>"$results" <<-'EOF'
 	import datetime, json, sys

@@ -55,7 +55,7 @@ results=$out/builds.jsonl
 : >"$results"
 file=/var/tmp/gdirect-blocks-1G.bin
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)
-versions=$(python3 -c 'import kvikio, cupy; print("KvikIO", kvikio.__version__ + ", CuPy", cupy.__version__)') || exit 1
+versions=$(python3 -c 'import kvikio, kvikio.defaults, cupy; print("KvikIO", kvikio.__version__, "(gds_threshold", str(kvikio.defaults.get("gds_threshold")) + "), CuPy", cupy.__version__)') || exit 1
 python3 - "$gpu" "$versions" "${GDIRECT_COMMIT_OLD:-unknown}" "${GDIRECT_COMMIT_NEW:-unknown}" \
 	"tests/bench/builds.sh --blocks '$blocks' --reps $reps" >>"$results" <<-'EOF2'
 	import datetime, json, sys

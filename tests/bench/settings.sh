@@ -60,7 +60,7 @@ results=$out/settings.jsonl
 : >"$results"
 file=/var/tmp/gdirect-blocks-1G.bin
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1)
-versions=$(python3 -c 'import kvikio, cupy, gdirect; print("gdirect", gdirect.__version__ + ", KvikIO", kvikio.__version__ + ", CuPy", cupy.__version__)') || exit 1
+versions=$(python3 -c 'import kvikio, kvikio.defaults, cupy, gdirect; print("gdirect", gdirect.__version__ + ", KvikIO", kvikio.__version__, "(gds_threshold", str(kvikio.defaults.get("gds_threshold")) + "), CuPy", cupy.__version__)') || exit 1
 python3 - "$gpu" "$versions" "${GDIRECT_COMMIT:-unknown}" "tests/bench/settings.sh --blocks '$blocks' --variants '$variants'$([ "$latency" = 0 ] || echo ' --latency')" >>"$results" <<-'EOF2'
 	import datetime, json, sys
 	gpu, versions, commit, command = sys.argv[1:]

@@ -596,7 +596,9 @@ impl File {
     /// Starts reading `len` bytes at `file_offset` into memory at `ptr` (device memory of a
     /// CUDA allocation when `cuda`, else host memory) and returns its `Future`; `keep` keeps
     /// the memory alive until the read ends.
-    #[pyo3(signature = (cuda, ptr, len, file_offset, keep, stream = None))]
+    /// `may_run_here`: the caller allows a small request to run before this returns (not from
+    /// a thread running an event loop).
+    #[pyo3(signature = (cuda, ptr, len, file_offset, keep, stream = None, may_run_here = true))]
     #[allow(clippy::too_many_arguments)]
     fn pread(
         &self,
@@ -607,12 +609,25 @@ impl File {
         file_offset: u64,
         keep: Py<PyAny>,
         stream: Option<u64>,
+        may_run_here: bool,
     ) -> PyResult<Future> {
-        self.one(py, true, cuda, ptr, len, file_offset, keep, stream)
+        self.one(
+            py,
+            true,
+            cuda,
+            ptr,
+            len,
+            file_offset,
+            keep,
+            stream,
+            may_run_here,
+        )
     }
 
     /// Starts writing `len` bytes of memory at `ptr` (as `pread`'s) to the file at
     /// `file_offset` and returns its `Future`.
+    #[pyo3(signature = (cuda, ptr, len, file_offset, keep, may_run_here = true))]
+    #[allow(clippy::too_many_arguments)]
     fn pwrite(
         &self,
         py: Python<'_>,
@@ -621,9 +636,20 @@ impl File {
         len: u64,
         file_offset: u64,
         keep: Py<PyAny>,
+        may_run_here: bool,
     ) -> PyResult<Future> {
         self.sink()?;
-        self.one(py, false, cuda, ptr, len, file_offset, keep, None)
+        self.one(
+            py,
+            false,
+            cuda,
+            ptr,
+            len,
+            file_offset,
+            keep,
+            None,
+            may_run_here,
+        )
     }
 
     /// Starts writing back `[offset, offset + len)` of a file open for writing (its pages
@@ -649,6 +675,7 @@ impl File {
         file_offset: u64,
         keep: Py<PyAny>,
         stream: Option<u64>,
+        may_run_here: bool,
     ) -> PyResult<Future> {
         let (place, alloc) = if len == 0 {
             (Place::Host, None)
@@ -670,9 +697,15 @@ impl File {
         // holds no other future whose result it has not taken): run here, the GIL released,
         // as a synchronous call would be, not handed to a `Starter` thread and back. A thread
         // that starts many before taking their results has the first run here, the rest by
-        // the `Starter` threads, side by side.
+        // the `Starter` threads, side by side. Not here: a request that would first wait for
+        // the GPU's work (a write out of device memory, a read into memory of no known stream:
+        // the whole context's work), nor one from an event loop's thread (`may_run_here`).
         let untaken = UNTAKEN.with(Arc::clone);
-        let inline = len <= inline_limit()? && untaken.load(Ordering::Relaxed) == 0;
+        let waits_for_gpu = matches!(place, Place::Cuda(_)) && !request.settled;
+        let inline = may_run_here
+            && !waits_for_gpu
+            && len <= inline_limit()?
+            && untaken.load(Ordering::Relaxed) == 0;
         let mut fut = start(read, vec![request], keep, true, !inline)?;
         untaken.fetch_add(1, Ordering::Relaxed);
         fut.untaken = Some((untaken, AtomicBool::new(false)));
@@ -1064,9 +1097,10 @@ fn settle(py: Python<'_>, place: Place, stream: Option<u64>) -> PyResult<bool> {
 struct Pending {
     state: Mutex<PendingState>,
     ready: Condvar,
-    /// Parts not started yet. Each has a turn on a `Starter` thread, which runs one if any is
-    /// left then; a thread that waits for the call runs them itself first, so a request
-    /// waited for at once (`pread(...).get()`) is not handed to another thread and back.
+    /// Parts not started yet. Each has a turn on a `Starter` thread (unless the call is run
+    /// where it was made: `start`'s `hand_off`), which runs one if any is left then; a thread
+    /// that waits for the call runs them itself first, so a request waited for at once is not
+    /// handed to another thread and back.
     queued: Mutex<Vec<Part>>,
     /// Every part has ended (`left` is 0), for a look without the lock.
     done: std::sync::atomic::AtomicBool,
@@ -1193,7 +1227,8 @@ impl Pending {
 }
 
 /// An asynchronous read or write (`File.pread`, `File.pwrite`) or batch of them
-/// (`read_batch`, `write_batch`), started by a `Starter` thread: `get()` waits for it (the
+/// (`read_batch`, `write_batch`), started by a `Starter` thread (or, a small request, run
+/// before `pread`/`pwrite` returned: see `File::one`): `get()` waits for it (the
 /// GIL released) and returns the bytes moved (a list of them, one per request, for a batch),
 /// or raises what the first failed request met. It holds the memory of its requests until
 /// they end; dropped before then, it waits for them.
@@ -1208,8 +1243,8 @@ struct Future {
     /// The error `get` raised, raised again by a later `get`.
     raised: Mutex<Option<PyErr>>,
     /// A single request's place in its issuing thread's count of futures whose result is not
-    /// taken (`UNTAKEN`), and whether it has left it (at its first `get` that returns, or when
-    /// dropped).
+    /// taken (`UNTAKEN`), and whether it has left it (at its first `get` that gets past the
+    /// wait, whether it returns the bytes or raises the I/O's error, or when dropped).
     untaken: Option<(Arc<AtomicUsize>, AtomicBool)>,
 }
 
@@ -1319,7 +1354,9 @@ impl Drop for Future {
 
 /// Starts `requests` (reads into memory, or writes out of it) on the engines' threads: reads
 /// into the same place go to its engine as one vectored read, whose workers take their pieces
-/// in turn; each write is its own part.
+/// in turn; each write is its own part. `hand_off`: the parts are offered to the `Starter`
+/// threads; if not, the caller must run them (`Pending::help_and_wait`) before it returns the
+/// future (a `get` with a timeout, or `wait`, never runs parts).
 fn start(
     read: bool,
     requests: Vec<Request>,
@@ -1421,7 +1458,7 @@ struct Starter {
 /// The largest request that `File.pread`/`pwrite` run in the calling thread before they return
 /// (when it holds no other future whose result it has not taken), by default: a 4 KiB request
 /// handed to a `Starter` thread cost a wake-up and a hand-off back, more than its I/O (as
-/// KvikIO's `pread` runs its requests below `gds_threshold` before returning).
+/// KvikIO's `pread` into device memory runs a request below `gds_threshold` before returning).
 const INLINE_SIZE: u64 = 64 << 10;
 
 /// The largest request run in the calling thread: `configure(inline_size=...)`, else
@@ -1431,20 +1468,39 @@ static INLINE: AtomicU64 = AtomicU64::new(u64::MAX);
 fn inline_limit() -> PyResult<u64> {
     match INLINE.load(Ordering::Relaxed) {
         u64::MAX => {
-            let n = match std::env::var("GDIRECT_INLINE_SIZE") {
-                Ok(v) => gdirect::compat::parse_size(&v).ok_or_else(|| {
-                    PyValueError::new_err(format!(
-                        "GDIRECT_INLINE_SIZE={v:?}: expected a size in bytes, with an optional K, M or G"
-                    ))
-                })?,
-                Err(_) => INLINE_SIZE,
-            }
-            .min(u64::MAX - 1);
-            INLINE.store(n, Ordering::Relaxed);
-            Ok(n)
+            let n = inline_from_env()?;
+            // (A `configure` meanwhile wins.)
+            Ok(
+                match INLINE.compare_exchange(u64::MAX, n, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => n,
+                    Err(set) => set,
+                },
+            )
         }
         n => Ok(n),
     }
+}
+
+/// `GDIRECT_INLINE_SIZE`, or `INLINE_SIZE` when it is not set.
+fn inline_from_env() -> PyResult<u64> {
+    let bad = |v: &dyn std::fmt::Debug| {
+        PyValueError::new_err(format!(
+            "GDIRECT_INLINE_SIZE={v:?}: expected a size in bytes, with an optional K, M or G"
+        ))
+    };
+    match std::env::var("GDIRECT_INLINE_SIZE") {
+        Ok(v) => gdirect::compat::parse_size(&v)
+            .map(|n| n.min(u64::MAX - 1))
+            .ok_or_else(|| bad(&v)),
+        Err(std::env::VarError::NotPresent) => Ok(INLINE_SIZE),
+        Err(std::env::VarError::NotUnicode(v)) => Err(bad(&v)),
+    }
+}
+
+/// This thread's count of `pread`/`pwrite` futures whose result it has not taken (for tests).
+#[pyfunction]
+fn _untaken() -> usize {
+    UNTAKEN.with(|u| u.load(Ordering::Relaxed))
 }
 
 thread_local! {
@@ -1750,11 +1806,11 @@ fn configure(
     // Checked now, so that a bad value is an error of this call, not of a later read.
     overrides.builder().settings().map_err(py_err)?;
     // (`None`: the environment's again, read and checked now.)
-    INLINE.store(
-        inline_size.map_or(u64::MAX, |n| n.min(u64::MAX - 1)),
-        Ordering::Relaxed,
-    );
-    inline_limit()?;
+    let inline = match inline_size {
+        Some(n) => n.min(u64::MAX - 1),
+        None => inline_from_env()?,
+    };
+    INLINE.store(inline, Ordering::Relaxed);
     let mut e = lock(engines());
     e.overrides = overrides;
     e.host = None;
@@ -1810,6 +1866,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Future>()?;
     m.add_function(wrap_pyfunction!(submit, m)?)?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;
+    m.add_function(wrap_pyfunction!(_untaken, m)?)?;
     m.add_function(wrap_pyfunction!(read_many, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::safetensors_header, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::safetensors_layout, m)?)?;

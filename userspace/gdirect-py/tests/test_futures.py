@@ -33,6 +33,16 @@ def poisoned(n):
     return bytearray([POISON]) * n
 
 
+@pytest.fixture(autouse=True, params=["inline", "queued"])
+def inline_mode(request):
+    """Every test twice: with the default inline size (a small request whose result is taken
+    at once runs before pread returns) and with none (every request handed to the I/O threads,
+    the futures' other path)."""
+    gdirect.configure(inline_size=0 if request.param == "queued" else None)
+    yield request.param
+    gdirect.configure()
+
+
 def test_pread_gets_the_bytes_and_their_count(data_file):
     path, data = data_file
     f = gdirect.File(path)
@@ -318,7 +328,9 @@ def test_a_small_request_waited_for_at_once_is_done_when_pread_returns(data_file
     # bytes or fewer runs before pread returns (its future is done), however it is taken.
     path, data = data_file
     f = gdirect.File(path)
-    assert gdirect.settings()["inline_size"] == 64 << 10
+    gdirect.configure(inline_size=64 << 10)
+    gc.collect()  # (an earlier test's future held by a cycle would count)
+    assert gdirect._native._untaken() == 0
     for size in (1, 4096, 64 << 10):
         dest = poisoned(size)
         fut = f.pread(dest, size, 777)
@@ -328,10 +340,13 @@ def test_a_small_request_waited_for_at_once_is_done_when_pread_returns(data_file
     # A result taken by get() in another thread, or a future dropped untaken, leaves this
     # thread free to run the next one at once again.
     fut = f.pread(poisoned(4096), 4096, 0)
+    assert gdirect._native._untaken() == 1
     t = threading.Thread(target=fut.get)
     t.start()
     t.join()
+    assert gdirect._native._untaken() == 0
     assert f.pread(poisoned(4096), 4096, 0).done()  # (dropped at once: not got)
+    assert gdirect._native._untaken() == 0
     dest = poisoned(4096)
     assert f.pread(dest, 4096, 5).done() and dest == data[5:4101]
     # Writes as reads.
@@ -365,15 +380,78 @@ def test_requests_started_while_results_are_untaken_are_all_right(data_file):
         gdirect.configure()
 
 
+def test_the_count_of_untaken_futures_on_every_path(data_file, tmp_path):
+    # A pread/pwrite future counts against its thread until its result is taken (get, await,
+    # in any thread) or it is dropped; a timed-out get leaves it counted; a get that raises the
+    # I/O's error takes it; batches and callbacks do not count.
+    path, _ = data_file
+    f = gdirect.File(path)
+    gc.collect()  # (an earlier test's future held by a cycle, an exception's traceback)
+    base = gdirect._native._untaken()
+
+    def n():
+        return gdirect._native._untaken() - base
+
+    futs = [f.pread(poisoned(4096), 4096, i * 4096) for i in range(10)]
+    assert n() == 10
+    for i, fut in enumerate(futs):
+        fut.get()
+        fut.get()  # (a second get takes nothing more)
+        assert n() == 9 - i
+    big = f.pread(poisoned(4 << 20), 4 << 20, 0)
+    assert n() == 1
+    try:
+        big.get(timeout=0)
+        assert n() == 0  # (it had ended: taken)
+    except TimeoutError:
+        assert n() == 1  # (not taken)
+        big.get()
+        assert n() == 0
+    calls = []
+    fut = f.pread(poisoned(4096), 4096, 0)
+    fut.add_done_callback(lambda done: calls.append(done.done()))
+    assert n() == 1
+    deadline = time.monotonic() + 30
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert calls == [True] and n() == 1  # (a callback takes nothing)
+    del fut
+    gc.collect()
+    assert n() == 0
+    batch = gdirect.read_batch([(f, 0, poisoned(4096), 0, 4096)])
+    assert n() == 0 and batch.get() == [4096]
+    # The I/O's error, raised by get(): taken.
+    w = gdirect.File(tmp_path / "w.bin", "w")
+    fut = w.pwrite(b"x" * 4096, file_offset=(1 << 63) - 100)
+    assert n() == 1
+    with pytest.raises(OSError):
+        fut.get()
+    assert n() == 0
+
+    async def many():
+        loop_thread = threading.get_ident()
+        dests = [poisoned(4096) for _ in range(32)]
+        got = await asyncio.gather(*(f.pread(d, 4096, i * 4096) for i, d in enumerate(dests)))
+        assert threading.get_ident() == loop_thread
+        return got, dests
+
+    got, dests = asyncio.run(many())
+    assert got == [4096] * 32 and n() == 0
+
+
 @pytest.mark.parametrize("value, want", [("8K", 8192), ("0", 0), ("soon", None)])
 def test_the_inline_size_from_the_environment(value, want):
     import subprocess
     import sys
 
-    code = "import gdirect; print(gdirect.settings()['inline_size'])"
+    # The environment's value, a configured one over it, and configure() back to it.
+    code = ("import gdirect; a = gdirect.settings()['inline_size']; gdirect.configure(inline_size=5);"
+            "b = gdirect.settings()['inline_size']; gdirect.configure();"
+            "print(a, b, gdirect.settings()['inline_size'])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "GDIRECT_INLINE_SIZE": value})
     if want is None:
-        assert r.returncode != 0 and "GDIRECT_INLINE_SIZE" in r.stderr, r.stderr
+        assert r.returncode != 0, r.stdout
+        assert "ValueError" in r.stderr and "GDIRECT_INLINE_SIZE" in r.stderr, r.stderr
     else:
-        assert r.returncode == 0 and r.stdout.strip() == str(want), r.stderr
+        assert r.returncode == 0 and r.stdout.split() == [str(want), "5", str(want)], r.stderr

@@ -35,7 +35,7 @@ __all__ = [
 
 #: An asynchronous read or write (``File.pread``, ``File.pwrite``) or batch of them
 #: (``read_batch``, ``write_batch``), started by the package's I/O threads, not a Python thread of
-#: its own. ``get(timeout=None)`` waits for it with the GIL released and returns the bytes moved
+#: its own (a small ``pread``/``pwrite`` may have run before the call returned: see ``pread``). ``get(timeout=None)`` waits for it with the GIL released and returns the bytes moved
 #: (a list, one per request, for a batch) or raises the error of the first part of it to fail
 #: (a part: one request, or a batch's requests that the engine ran together);
 #: ``done()`` says whether it has ended; ``add_done_callback(fn)`` calls ``fn(future)`` then;
@@ -455,16 +455,17 @@ class File:
         buf_offset: int = 0,
     ) -> Future:
         """Starts reading ``size`` bytes (default: to the end of ``buf``) at ``file_offset`` into
-        ``buf`` at byte ``buf_offset``, and returns at once: a ``Future`` whose ``get()`` is the
-        bytes read (fewer than ``size`` only at the end of the file). The arguments are
-        KvikIO's ``CuFile.pread``'s, in its order; ``buf`` is anything ``read`` takes. The
-        read is started by the package's I/O threads (no Python thread per request; a ``get()``
-        without a timeout called first runs it itself), so many can be in
-        flight from one thread; the future holds ``buf`` until the read ends. A read of
-        ``inline_size`` bytes or fewer (``configure``; default 64 KiB) by a thread that holds no
-        other future whose result it has not taken with ``get()`` runs before this returns (the
-        GIL released), and its future is done. Bad arguments raise here; what the read meets,
-        ``get()`` raises."""
+        ``buf`` at byte ``buf_offset``: a ``Future`` whose ``get()`` is the bytes read (fewer
+        than ``size`` only at the end of the file). The arguments are KvikIO's
+        ``CuFile.pread``'s, in its order; ``buf`` is anything ``read`` takes. A read is started
+        by the package's I/O threads (no Python thread per request; a ``get()`` without a
+        timeout called first runs it itself), so many can be in flight from one thread; the
+        future holds ``buf`` until the read ends. But a small read (``inline_size`` bytes or
+        fewer, ``configure``; default 64 KiB) is run before this returns, the GIL released, and
+        its future is done, when the calling thread holds no other ``pread``/``pwrite`` future
+        whose result it has not taken (``get()``) or dropped, runs no event loop, and the read
+        need not first wait for the GPU's work (its memory's stream is known, or it is host
+        memory). Bad arguments raise here; what the read meets, ``get()`` raises."""
         return self._start(buf, True, size, file_offset, buf_offset)
 
     def pwrite(
@@ -476,9 +477,10 @@ class File:
     ) -> Future:
         """Starts writing ``size`` bytes (default: to the end of ``buf``) of ``buf`` from byte
         ``buf_offset`` to the file at ``file_offset``, and returns a ``Future`` of the bytes
-        written, as ``pread`` does. A write from GPU memory is ordered after the work queued on
-        that GPU when it is called, as ``write``'s is; ``buf`` must not change until the future
-        is done."""
+        written, as ``pread`` does (a small write out of host memory may run before this
+        returns, as a small read does). A write from GPU memory is ordered after the work queued
+        on that GPU when it is called, as ``write``'s is; ``buf`` must not change until the
+        future is done."""
         return self._start(buf, False, size, file_offset, buf_offset)
 
     def _start(self, mem: Any, read: bool, size: Optional[int], file_offset: int,
@@ -491,10 +493,14 @@ class File:
                 or mem_offset + size > t.nbytes):
             mem_offset = _index("buf_offset", mem_offset)
             size = _span(t, mem_offset, size, "buf_offset", "destination" if read else "source")
+        # A small request may run before this returns, except on a thread running an event
+        # loop, which it would hold up.
+        here = asyncio._get_running_loop() is None
         if read:
             return self._f.pread(t.kind == "cuda", t.ptr + mem_offset, size, file_offset, t.keep,
-                                 t.stream)
-        return self._f.pwrite(t.kind == "cuda", t.ptr + mem_offset, size, file_offset, t.keep)
+                                 t.stream, here)
+        return self._f.pwrite(t.kind == "cuda", t.ptr + mem_offset, size, file_offset, t.keep,
+                              here)
 
     def read_async(
         self,
