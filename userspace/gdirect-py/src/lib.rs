@@ -107,21 +107,56 @@ fn engines() -> &'static Mutex<Engines> {
     ENGINES.get_or_init(Default::default)
 }
 
+/// Whether this process has made threads of the package's (an engine's workers, a `Starter`
+/// thread): a child that `fork()` makes after has none of them.
+static THREADS_MADE: AtomicBool = AtomicBool::new(false);
+
+/// This process is such a child: a call that needs the package's threads raises, where it would
+/// wait forever for threads that are not here (and its locks may be held by threads that are
+/// not here either: nothing is locked before this is checked).
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// Run in a child after `fork()` (`os.register_at_fork`).
+#[pyfunction]
+fn _after_fork_in_child() {
+    if THREADS_MADE.load(Ordering::Relaxed) {
+        FORKED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// An error if this process was forked after the package made threads.
+fn not_forked() -> PyResult<()> {
+    if FORKED.load(Ordering::Relaxed) {
+        return Err(PyRuntimeError::new_err(
+            "gdirect cannot move data in a process forked from one in which it already had: the \
+             child has none of the parent's I/O threads (nor, for GPU memory, a CUDA context that \
+             survives fork()). Start worker processes with the 'spawn' or 'forkserver' method \
+             (multiprocessing.set_start_method('spawn'); PyTorch's \
+             DataLoader(multiprocessing_context='spawn'))",
+        ));
+    }
+    Ok(())
+}
+
 fn host_engine() -> PyResult<Arc<CompatEngine<HostBackend>>> {
+    not_forked()?;
     let mut e = lock(engines());
     if let Some(h) = &e.host {
         return Ok(h.clone());
     }
+    THREADS_MADE.store(true, Ordering::Relaxed);
     let h = Arc::new(e.overrides.builder().build_host().map_err(py_err)?);
     e.host = Some(h.clone());
     Ok(h)
 }
 
 fn cuda_engine(ordinal: usize) -> PyResult<Arc<CompatEngine<CudaBackend>>> {
+    not_forked()?;
     let mut e = lock(engines());
     if let Some(c) = e.cuda.get(&ordinal) {
         return Ok(c.clone());
     }
+    THREADS_MADE.store(true, Ordering::Relaxed);
     let backend = CudaBackend::new(ordinal).map_err(py_err)?;
     let c = Arc::new(e.overrides.builder().build(backend).map_err(py_err)?);
     e.cuda.insert(ordinal, c.clone());
@@ -1570,6 +1605,7 @@ impl Starter {
                 .settings()
                 .map_or(1, |s| s.threads)
         });
+        THREADS_MADE.store(true, Ordering::Relaxed);
         if q.threads < most
             && std::thread::Builder::new()
                 .name("gdirect-start".into())
@@ -1867,6 +1903,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(submit, m)?)?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(_untaken, m)?)?;
+    m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(read_many, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::safetensors_header, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::safetensors_layout, m)?)?;

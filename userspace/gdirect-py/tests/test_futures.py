@@ -455,3 +455,79 @@ def test_the_inline_size_from_the_environment(value, want):
         assert "ValueError" in r.stderr and "GDIRECT_INLINE_SIZE" in r.stderr, r.stderr
     else:
         assert r.returncode == 0 and r.stdout.split() == [str(want), "5", str(want)], r.stderr
+
+
+def _in_child(body):
+    """Runs ``body()`` in a child made by fork(): its exit status (0: body returned), or 99 if
+    it did not end within 60 seconds (killed: a hang)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = body()
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return 99
+
+
+def test_a_child_forked_after_io_gets_an_error_not_a_hang(data_file):
+    # The parent has done I/O (its threads exist); a forked child has none of them: each call
+    # that needs them raises RuntimeError naming fork and spawn, at once, not a wait forever.
+    path, data = data_file
+    f = gdirect.File(path)
+    dest = poisoned(1 << 20)
+    assert f.read(dest).bytes == 1 << 20 and f.pread(poisoned(4096), 4096, 0).get() == 4096
+
+    def body():
+        calls = [lambda: f.read(poisoned(4096)), lambda: f.pread(poisoned(4096), 4096, 0).get(),
+                 lambda: f.pread(poisoned(1 << 20), 1 << 20, 0).get(),
+                 lambda: gdirect.read_batch([(f, 0, poisoned(4096), 0, 4096)]).get(),
+                 lambda: f.read_async(poisoned(4096)).result(timeout=30),
+                 lambda: gdirect.File(path).read(poisoned(10))]
+        for i, call in enumerate(calls):
+            try:
+                call()
+                return 10 + i  # (no error)
+            except RuntimeError as e:
+                if "fork" not in str(e) or "spawn" not in str(e):
+                    return 30 + i
+        return 0
+
+    assert _in_child(body) == 0
+    # The parent is as it was.
+    dest = poisoned(4096)
+    assert f.pread(dest, 4096, 5).get() == 4096 and dest == data[5:4101]
+
+
+def test_a_child_forked_before_any_io_moves_data():
+    # Fork before the package made any thread: the child is a process like any other.
+    import subprocess
+    import sys
+
+    code = """
+import os, gdirect
+path = os.environ["DATA"]
+pid = os.fork()
+if pid == 0:
+    d = bytearray(4096)
+    ok = gdirect.File(path).pread(d, 4096, 0).get() == 4096 and bytes(d) == open(path, "rb").read(4096)
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+    data = os.urandom(8192)
+    import tempfile
+    with tempfile.NamedTemporaryFile() as t:
+        t.write(data)
+        t.flush()
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "DATA": t.name})
+    assert r.returncode == 0 and r.stdout.strip() == "0", r.stderr

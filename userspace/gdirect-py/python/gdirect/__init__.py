@@ -42,9 +42,17 @@ __all__ = [
 #: ``await future`` gives what ``get()`` does without blocking the event loop. A future holds
 #: its memory until its requests end: dropped before then, it waits for them. A process made by
 #: ``fork()`` after the package did any I/O has none of its threads (the engine's, the I/O
-#: threads): reads and writes there can wait forever. Start such processes with the ``spawn`` or
-#: ``forkserver`` method.
+#: threads): its reads and writes raise ``RuntimeError`` (which says so) rather than wait for
+#: them. Start such processes with the ``spawn`` or ``forkserver`` method.
 Future = _native.Future
+
+
+def _after_fork_in_child() -> None:
+    # The package's threads, and the thread pool's, are the parent's: calls that need them
+    # raise (the native half); read_async and write_async make a pool of this process's own.
+    _native._after_fork_in_child()
+    File._pool = None
+    File._pool_lock = threading.Lock()
 
 
 async def _await_future(f: Future) -> Any:
@@ -652,5 +660,7 @@ def stats() -> dict:
     nothing (a ``Report`` reason: ``no_module``...)."""
     return dict(_native.stats())
 
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 from . import safetensors  # noqa: E402  (needs File above)
