@@ -111,29 +111,49 @@ fn engines() -> &'static Mutex<Engines> {
 /// thread): a child that `fork()` makes after has none of them.
 static THREADS_MADE: AtomicBool = AtomicBool::new(false);
 
-/// This process is such a child: a call that needs the package's threads raises, where it would
-/// wait forever for threads that are not here (and its locks may be held by threads that are
-/// not here either: nothing is locked before this is checked).
+/// This process is such a child: every call that moves data raises, first thing, where it would
+/// wait forever for threads that are not here, call a CUDA driver that does not survive fork, or
+/// take a lock one of those threads held.
 static FORKED: AtomicBool = AtomicBool::new(false);
 
-/// Run in a child after `fork()` (`os.register_at_fork`).
-#[pyfunction]
-fn _after_fork_in_child() {
-    if THREADS_MADE.load(Ordering::Relaxed) {
-        FORKED.store(true, Ordering::Relaxed);
+/// The forks this process has been the child of since the package made threads: a call started
+/// before one is not waited for after it (`Pending::orphaned`).
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// Run in the child of every `fork()` (from Python or from any library) once threads are made:
+/// atomics only, as a handler there must be.
+extern "C" fn forked_child() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+    FORKED.store(true, Ordering::Relaxed);
+}
+
+/// Notes that the package makes threads (before it makes them): the first time, a child of any
+/// later `fork()` is marked (`forked_child`).
+fn threads_made() {
+    if !THREADS_MADE.swap(true, Ordering::Relaxed) {
+        // SAFETY: registers a child handler that only touches atomics (async-signal-safe, as a
+        // handler that runs in a child after fork() must be); no prepare or parent handler. The
+        // handler's code stays mapped for the process's life: CPython never unloads an
+        // extension module.
+        unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
     }
+}
+
+/// The error of a call in a child forked after the package made its threads.
+fn fork_error() -> PyErr {
+    PyRuntimeError::new_err(
+        "gdirect cannot move data in a process forked after gdirect made its I/O threads: the \
+         child has none of them (nor, for GPU memory, a CUDA context that survives fork()), and \
+         requests started before the fork are not finished in it. Start worker processes with \
+         the 'spawn' or 'forkserver' method (multiprocessing.set_start_method('spawn'); \
+         PyTorch's DataLoader(multiprocessing_context='spawn'))",
+    )
 }
 
 /// An error if this process was forked after the package made threads.
 fn not_forked() -> PyResult<()> {
     if FORKED.load(Ordering::Relaxed) {
-        return Err(PyRuntimeError::new_err(
-            "gdirect cannot move data in a process forked from one in which it already had: the \
-             child has none of the parent's I/O threads (nor, for GPU memory, a CUDA context that \
-             survives fork()). Start worker processes with the 'spawn' or 'forkserver' method \
-             (multiprocessing.set_start_method('spawn'); PyTorch's \
-             DataLoader(multiprocessing_context='spawn'))",
-        ));
+        return Err(fork_error());
     }
     Ok(())
 }
@@ -144,7 +164,7 @@ fn host_engine() -> PyResult<Arc<CompatEngine<HostBackend>>> {
     if let Some(h) = &e.host {
         return Ok(h.clone());
     }
-    THREADS_MADE.store(true, Ordering::Relaxed);
+    threads_made();
     let h = Arc::new(e.overrides.builder().build_host().map_err(py_err)?);
     e.host = Some(h.clone());
     Ok(h)
@@ -156,7 +176,7 @@ fn cuda_engine(ordinal: usize) -> PyResult<Arc<CompatEngine<CudaBackend>>> {
     if let Some(c) = e.cuda.get(&ordinal) {
         return Ok(c.clone());
     }
-    THREADS_MADE.store(true, Ordering::Relaxed);
+    threads_made();
     let backend = CudaBackend::new(ordinal).map_err(py_err)?;
     let c = Arc::new(e.overrides.builder().build(backend).map_err(py_err)?);
     e.cuda.insert(ordinal, c.clone());
@@ -509,6 +529,7 @@ impl File {
         len: u64,
         file_offset: u64,
     ) -> PyResult<Bound<'py, PyDict>> {
+        not_forked()?;
         if ptr == 0 && len > 0 {
             return Err(PyValueError::new_err("a null destination address"));
         }
@@ -535,6 +556,7 @@ impl File {
         file_offset: u64,
         stream: Option<u64>,
     ) -> PyResult<Bound<'py, PyDict>> {
+        not_forked()?;
         if len == 0 {
             // An empty array (its pointer may be 0, in no allocation): nothing to read.
             return run_reported(py, "cuda", "empty", || Ok(Default::default()));
@@ -584,6 +606,7 @@ impl File {
         len: u64,
         file_offset: u64,
     ) -> PyResult<Bound<'py, PyDict>> {
+        not_forked()?;
         let sink = self.sink()?;
         if ptr == 0 && len > 0 {
             return Err(PyValueError::new_err("a null source address"));
@@ -605,6 +628,7 @@ impl File {
         len: u64,
         file_offset: u64,
     ) -> PyResult<Bound<'py, PyDict>> {
+        not_forked()?;
         let sink = self.sink()?;
         if len == 0 {
             return run_reported(py, "cuda", "empty", || Ok(Default::default()));
@@ -712,6 +736,7 @@ impl File {
         stream: Option<u64>,
         may_run_here: bool,
     ) -> PyResult<Future> {
+        not_forked()?;
         let (place, alloc) = if len == 0 {
             (Place::Host, None)
         } else {
@@ -854,6 +879,7 @@ fn read_many<'py>(
     reads: Vec<(Py<File>, u64, u64, u64)>,
     cuda: bool,
 ) -> PyResult<ManyRead<'py>> {
+    not_forked()?;
     let mut ranges: Vec<(u64, u64)> = reads.iter().map(|r| (r.1, r.2)).collect();
     ranges.sort_unstable();
     if ranges
@@ -992,6 +1018,7 @@ fn cuda_copy_many(
     src_len: u64,
     copies: Vec<(u64, u64, u64)>,
 ) -> PyResult<()> {
+    not_forked()?;
     let d = device_allocation(dst, dst_len)?;
     let s = device_allocation(src, src_len)?;
     if d.ordinal != s.ordinal {
@@ -1042,6 +1069,7 @@ fn cuda_copy_many(
 /// without the CUDA driver library.
 #[pyfunction]
 fn cuda_copy_method(device: usize) -> PyResult<Option<&'static str>> {
+    not_forked()?;
     if !gdirect::compat::driver_present() {
         return Ok(None);
     }
@@ -1139,6 +1167,8 @@ struct Pending {
     queued: Mutex<Vec<Part>>,
     /// Every part has ended (`left` is 0), for a look without the lock.
     done: std::sync::atomic::AtomicBool,
+    /// `FORKS` when the call was made.
+    born: u64,
 }
 
 /// A part of an asynchronous call, ready to run: it reports to its `Pending` itself.
@@ -1170,7 +1200,14 @@ impl Pending {
             ready: Condvar::new(),
             queued: Mutex::new(Vec::new()),
             done: std::sync::atomic::AtomicBool::new(parts == 0),
+            born: FORKS.load(Ordering::Relaxed),
         })
+    }
+
+    /// Not ended, and made before a fork of which this process is the child: the threads that
+    /// would end it are not here, and its locks may be held by them.
+    fn orphaned(&self) -> bool {
+        !self.is_done() && self.born != FORKS.load(Ordering::Relaxed)
     }
 
     /// Runs a part not started yet, if one is left: whether one was.
@@ -1312,6 +1349,9 @@ impl Future {
                     .map_err(|_| PyValueError::new_err(format!("timeout {t}: not a duration")))
             })
             .transpose()?;
+        if self.pending.orphaned() {
+            return Err(fork_error());
+        }
         if timeout.is_none() {
             if !self.pending.is_done() {
                 py.allow_threads(|| self.pending.help_and_wait());
@@ -1343,6 +1383,9 @@ impl Future {
     /// else from the engine's thread that ends the last one.
     fn add_done_callback(slf: &Bound<'_, Self>, callback: Py<PyAny>) -> PyResult<()> {
         let me = slf.get();
+        if me.pending.orphaned() {
+            return Err(fork_error());
+        }
         {
             let mut st = lock(&me.pending.state);
             if st.left > 0 {
@@ -1380,8 +1423,9 @@ impl Future {
 impl Drop for Future {
     fn drop(&mut self) {
         self.taken();
-        // The memory (`keep`) must outlive every DMA into or out of it.
-        if !self.pending.is_done() {
+        // The memory (`keep`) must outlive every DMA into or out of it. (In a child forked
+        // while it ran, none runs: the threads doing it are not here.)
+        if !self.pending.is_done() && !self.pending.orphaned() {
             Python::with_gil(|py| py.allow_threads(|| self.pending.help_and_wait()));
         }
     }
@@ -1605,7 +1649,7 @@ impl Starter {
                 .settings()
                 .map_or(1, |s| s.threads)
         });
-        THREADS_MADE.store(true, Ordering::Relaxed);
+        threads_made();
         if q.threads < most
             && std::thread::Builder::new()
                 .name("gdirect-start".into())
@@ -1756,6 +1800,7 @@ fn submit(
     requests: Vec<PyRequest>,
     keep: Py<PyAny>,
 ) -> PyResult<Future> {
+    not_forked()?;
     let mut reqs = Vec::with_capacity(requests.len());
     let mut waited = Vec::new();
     // The CUDA allocations found so far: slots of one buffer ask the driver once. (They stay
@@ -1849,6 +1894,12 @@ fn configure(
     INLINE.store(inline, Ordering::Relaxed);
     let mut e = lock(engines());
     e.overrides = overrides;
+    if FORKED.load(Ordering::Relaxed) {
+        // (Engines made before the fork are not dropped here: their threads, which a drop
+        // would wait for, and their CUDA contexts are the parent's.)
+        std::mem::forget(e.host.take());
+        std::mem::forget(std::mem::take(&mut e.cuda));
+    }
     e.host = None;
     e.cuda.clear();
     Ok(())
@@ -1903,7 +1954,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(submit, m)?)?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(_untaken, m)?)?;
-    m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(read_many, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::safetensors_header, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::safetensors_layout, m)?)?;

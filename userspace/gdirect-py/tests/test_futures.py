@@ -465,6 +465,10 @@ def _in_child(body):
         code = 1
         try:
             code = body()
+        except BaseException:  # noqa: BLE001 (the child's traceback, for the parent's log)
+            import traceback
+
+            traceback.print_exc()
         finally:
             os._exit(code)
     deadline = time.monotonic() + 60
@@ -478,6 +482,7 @@ def _in_child(body):
     return 99
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # (fork with threads: on purpose)
 def test_a_child_forked_after_io_gets_an_error_not_a_hang(data_file):
     # The parent has done I/O (its threads exist); a forked child has none of them: each call
     # that needs them raises RuntimeError naming fork and spawn, at once, not a wait forever.
@@ -531,3 +536,34 @@ print(os.waitstatus_to_exitcode(status))
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                            env={**os.environ, "DATA": t.name})
     assert r.returncode == 0 and r.stdout.strip() == "0", r.stderr
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # (fork with threads: on purpose)
+def test_a_future_started_before_a_fork_is_not_waited_for_in_the_child(data_file):
+    # Requests in flight when the process forks: in the child, get() either has their result
+    # (ended before the fork) or raises RuntimeError; dropping them does not wait; never a hang
+    # (the watchdog's 99). The parent's own get() has every byte.
+    path, data = data_file
+    f = gdirect.File(path)
+    gdirect.configure(inline_size=0)
+    slots = poisoned(64 << 20)
+    fut = gdirect.read_batch([(f, (i * 131072) % (SIZE - (1 << 20)), slots, i << 20, 1 << 20)
+                              for i in range(64)])
+    one = f.pread(poisoned(1 << 20), 1 << 20, 0)
+
+    def body():
+        for future, want in ((fut, [1 << 20] * 64), (one, 1 << 20)):
+            try:
+                if future.get() != want:
+                    return 20
+            except RuntimeError as e:
+                if "fork" not in str(e):
+                    return 21
+        return 0
+
+    code = _in_child(body)
+    assert fut.get() == [1 << 20] * 64 and one.get() == 1 << 20
+    for i in range(64):
+        o = (i * 131072) % (SIZE - (1 << 20))
+        assert slots[i << 20 : (i + 1) << 20] == data[o : o + (1 << 20)], i
+    assert code == 0

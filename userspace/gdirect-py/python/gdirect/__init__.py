@@ -41,16 +41,19 @@ __all__ = [
 #: ``done()`` says whether it has ended; ``add_done_callback(fn)`` calls ``fn(future)`` then;
 #: ``await future`` gives what ``get()`` does without blocking the event loop. A future holds
 #: its memory until its requests end: dropped before then, it waits for them. A process made by
-#: ``fork()`` after the package did any I/O has none of its threads (the engine's, the I/O
-#: threads): its reads and writes raise ``RuntimeError`` (which says so) rather than wait for
-#: them. Start such processes with the ``spawn`` or ``forkserver`` method.
+#: ``fork()`` after the package made its threads (at its first I/O) has none of them (the
+#: engine's, the I/O threads): every call there that moves data, and ``get()`` of a future
+#: started before the fork and not done then, raises ``RuntimeError`` (which says so) rather
+#: than wait for them (a ``concurrent.futures`` future of ``read_async`` started before the
+#: fork is Python's own and is not to be used there). Start such processes with the ``spawn``
+#: or ``forkserver`` method.
 Future = _native.Future
 
 
 def _after_fork_in_child() -> None:
-    # The package's threads, and the thread pool's, are the parent's: calls that need them
-    # raise (the native half); read_async and write_async make a pool of this process's own.
-    _native._after_fork_in_child()
+    # The thread pool's threads are the parent's: read_async and write_async make a pool of this
+    # process's own (whose calls then raise, as every call that moves data does in such a child:
+    # the native half marks it in a handler of its own, for forks made from C too).
     File._pool = None
     File._pool_lock = threading.Lock()
 
