@@ -180,3 +180,68 @@ def test_the_check_sees_a_read_that_does_not_wait(data_file, monkeypatch):
     snapshot = _read_after_queued_use(lambda d: gdirect.File(path).read(d), dest)
     assert not (snapshot == POISON).all(), "the planted bug went unseen"
     assert torch.equal(dest.cpu(), data[:n])
+
+
+@pytest.mark.parametrize("where", ["default", "side"])
+def test_a_small_read_run_before_pread_returns_waits_for_its_stream(data_file, where):
+    # A 64 KiB pread into memory of a known stream is run before pread returns (its future is
+    # done), and still after the work queued on that stream (the copy behind the spin sees
+    # poison).
+    path, data = data_file
+    f = gdirect.File(path)
+    gdirect.configure(inline_size=64 << 10)
+    n = 64 << 10
+    dest = torch.full((n,), POISON, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    futs, at_once = [], []
+
+    def read(d):
+        futs.append(f.pread(d, n, 4096))
+        at_once.append(futs[-1].done())
+
+    try:
+        if where == "side":
+            with torch.cuda.stream(torch.cuda.Stream()):
+                snapshot = _read_after_queued_use(read, dest)
+        else:
+            snapshot = _read_after_queued_use(read, dest)
+    finally:
+        gdirect.configure()
+    assert at_once == [True] and futs[0].get() == n
+    assert (snapshot == POISON).all(), "the read landed before the work queued on its stream"
+    assert torch.equal(dest.cpu(), data[4096 : 4096 + n])
+
+
+def test_a_child_forked_after_gpu_io_gets_an_error(data_file):
+    # After reads into GPU memory, a forked child's calls raise RuntimeError at once (host
+    # memory here: the child must not touch CUDA), never wait for the parent's threads.
+    import os
+    import time
+
+    path, data = data_file
+    f = gdirect.File(path)
+    dest = torch.empty(1 << 20, dtype=torch.uint8, device="cuda:0")
+    assert f.pread(dest, 1 << 20, 0).get() == 1 << 20
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            f.pread(bytearray(4096), 4096, 0).get()
+            code = 2
+        except RuntimeError as e:
+            code = 0 if "fork" in str(e) else 3
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    status = None
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the child hung")
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert torch.equal(dest.cpu(), data[: 1 << 20])
