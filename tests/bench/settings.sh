@@ -22,8 +22,9 @@
 # Usage: tests/bench/settings.sh [--blocks LIST] [--variants LIST] [--latency] [--out DIR]
 #   --blocks LIST    block sizes (default "2M 256K")
 #   --variants LIST  default "default task512K task1M mapped threads8"
-#   --latency        also one thread's 4 KiB reads: gdirect's and KvikIO's futures by default,
-#                    and gdirect's under each of `mapped` and `queued` among the variants
+#   --latency        also one thread's 4 KiB and 64 KiB reads: gdirect's and KvikIO's futures
+#                    by default, and gdirect's under each of `mapped` and `queued` among the
+#                    variants
 #
 # Needs: python3 with cupy, numpy, the gdirect package and KvikIO importable.
 set -uo pipefail
@@ -36,7 +37,7 @@ while [ $# -gt 0 ]; do
 	--variants) variants=$2; shift 2 ;;
 	--latency) latency=1; shift ;;
 	--out) out=$2; shift 2 ;;
-	-h | --help) sed -n '3,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '3,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) echo "settings.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
@@ -102,11 +103,14 @@ for b in $blocks; do
 	done
 done
 if [ "$latency" = 1 ]; then
-	for m in gdirect-pread kvikio; do
-		one "latency 4K t1 $m" default --method $m --block 4096 --threads 1 --requests 8192
-	done
-	for v in mapped queued; do
-		case " $variants " in *" $v "*) one "latency 4K t1 gdirect-pread" $v --method gdirect-pread --block 4096 --threads 1 --requests 8192 ;; esac
+	for b in 4K 64K; do
+		n=$(numfmt --from=iec "$b")
+		for m in gdirect-pread kvikio; do
+			one "latency $b t1 $m" default --method $m --block "$n" --threads 1 --requests 8192
+		done
+		for v in mapped queued; do
+			case " $variants " in *" $v "*) one "latency $b t1 gdirect-pread" $v --method gdirect-pread --block "$n" --threads 1 --requests 8192 ;; esac
+		done
 	done
 fi
 exit $rc
