@@ -1207,7 +1207,26 @@ impl Pending {
     /// Not ended, and made before a fork of which this process is the child: the threads that
     /// would end it are not here, and its locks may be held by them.
     fn orphaned(&self) -> bool {
-        !self.is_done() && self.born != FORKS.load(Ordering::Relaxed)
+        !self.is_done() && self.made_before_fork()
+    }
+
+    /// Made before a fork of which this process is the child (done or not).
+    fn made_before_fork(&self) -> bool {
+        self.born != FORKS.load(Ordering::Relaxed)
+    }
+
+    /// Locks `m`, one of this call's locks (or its future's): in a child forked after the call
+    /// was made, only if it is free, as a thread that held it at the fork (ending the call just
+    /// then) is not in the child to let it go; held, the call's end is not known here.
+    fn lock_here<'a, T>(&self, m: &'a Mutex<T>) -> PyResult<MutexGuard<'a, T>> {
+        if !self.made_before_fork() {
+            return Ok(lock(m));
+        }
+        match m.try_lock() {
+            Ok(g) => Ok(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => Err(fork_error()),
+        }
     }
 
     /// Runs a part not started yet, if one is left: whether one was.
@@ -1362,11 +1381,11 @@ impl Future {
             ));
         }
         self.taken();
-        let mut raised = lock(&self.raised);
+        let mut raised = self.pending.lock_here(&self.raised)?;
         if let Some(e) = &*raised {
             return Err(e.clone_ref(py));
         }
-        let mut st = lock(&self.pending.state);
+        let mut st = self.pending.lock_here(&self.pending.state)?;
         if let Some(e) = st.error.take() {
             let e = py_err(e);
             *raised = Some(e.clone_ref(py));
@@ -1387,7 +1406,7 @@ impl Future {
             return Err(fork_error());
         }
         {
-            let mut st = lock(&me.pending.state);
+            let mut st = me.pending.lock_here(&me.pending.state)?;
             if st.left > 0 {
                 st.callbacks.push((callback, slf.clone().unbind()));
                 return Ok(());
@@ -1408,11 +1427,15 @@ impl Future {
     }
 
     fn __repr__(&self) -> String {
-        let raised = lock(&self.raised).is_some();
-        let st = lock(&self.pending.state);
         let what = if self.single { "request" } else { "batch" };
+        let (Ok(raised), Ok(st)) = (
+            self.pending.lock_here(&self.raised),
+            self.pending.lock_here(&self.pending.state),
+        ) else {
+            return format!("<gdirect.Future {what} of the parent process>");
+        };
         let state = match st.left {
-            0 if raised || st.error.is_some() => "failed",
+            0 if raised.is_some() || st.error.is_some() => "failed",
             0 => "done",
             _ => "running",
         };
@@ -1580,6 +1603,25 @@ fn inline_from_env() -> PyResult<u64> {
 #[pyfunction]
 fn _untaken() -> usize {
     UNTAKEN.with(|u| u.load(Ordering::Relaxed))
+}
+
+/// Holds `future`'s state lock on a thread of its own for `seconds`, as the engine's thread
+/// that ends a call holds it for an instant (for tests: a fork made meanwhile). Returns once the
+/// lock is held.
+#[pyfunction]
+fn _hold_state(future: &Bound<'_, Future>, seconds: f64) -> PyResult<()> {
+    let hold = Duration::try_from_secs_f64(seconds)
+        .map_err(|_| PyValueError::new_err(format!("{seconds}: not a duration")))?;
+    let pending = Arc::clone(&future.get().pending);
+    let (held, is_held) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _st = lock(&pending.state);
+        let _ = held.send(());
+        std::thread::sleep(hold);
+    });
+    is_held
+        .recv()
+        .map_err(|_| PyRuntimeError::new_err("the holding thread ended first"))
 }
 
 thread_local! {
@@ -1954,6 +1996,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(submit, m)?)?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(_untaken, m)?)?;
+    m.add_function(wrap_pyfunction!(_hold_state, m)?)?;
     m.add_function(wrap_pyfunction!(read_many, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::safetensors_header, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::safetensors_layout, m)?)?;

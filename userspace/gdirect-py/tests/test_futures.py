@@ -567,3 +567,33 @@ def test_a_future_started_before_a_fork_is_not_waited_for_in_the_child(data_file
         o = (i * 131072) % (SIZE - (1 << 20))
         assert slots[i << 20 : (i + 1) << 20] == data[o : o + (1 << 20)], i
     assert code == 0
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # (fork with threads: on purpose)
+def test_a_future_whose_lock_was_held_at_the_fork_raises_in_the_child(data_file):
+    # The engine's thread that ends a call holds the call's lock for an instant after marking it
+    # done; a fork in that instant leaves the lock held in the child for ever. Here a thread
+    # holds it across the fork: the child's get(), add_done_callback() and repr() of that done
+    # future raise RuntimeError (repr names the parent) at once, not a hang; a done future whose
+    # lock was free has its result in the child; the parent's get() waits for the lock.
+    path, data = data_file
+    f = gdirect.File(path)
+    held, free = poisoned(4096), poisoned(4096)
+    a, b = f.pread(held, 4096, 0), f.pread(free, 4096, 8192)
+    assert a.get() == 4096 and b.get() == 4096
+    gdirect._native._hold_state(a, 2.0)
+
+    def body():
+        for i, call in enumerate((a.get, lambda: a.add_done_callback(lambda _: None))):
+            try:
+                call()
+                return 10 + i
+            except RuntimeError as e:
+                if "fork" not in str(e):
+                    return 20 + i
+        if "parent" not in repr(a):
+            return 30
+        return 0 if b.get() == 4096 and "done" in repr(b) else 40
+
+    assert _in_child(body) == 0
+    assert a.get() == 4096 and held == data[:4096] and free == data[8192:12288]
