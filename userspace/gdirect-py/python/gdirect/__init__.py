@@ -43,7 +43,8 @@ __all__ = [
 #: its memory until its requests end: dropped before then, it waits for them. A process made by
 #: ``fork()`` after the package made its threads (at its first I/O) has none of them (the
 #: engine's, the I/O threads): every call there that moves data, and ``get()`` of a future
-#: started before the fork and not done then, raises ``RuntimeError`` (which says so) rather
+#: started before the fork and not done then (or ending in that very instant), raises
+#: ``RuntimeError`` (which says so) rather
 #: than wait for them (a ``concurrent.futures`` future of ``read_async`` started before the
 #: fork is Python's own and is not to be used there). Start such processes with the ``spawn``
 #: or ``forkserver`` method.
