@@ -1605,22 +1605,25 @@ fn _untaken() -> usize {
     UNTAKEN.with(|u| u.load(Ordering::Relaxed))
 }
 
-/// Holds `future`'s state lock on a thread of its own for `seconds`, as the engine's thread
-/// that ends a call holds it for an instant (for tests: a fork made meanwhile). Returns once the
-/// lock is held.
+/// Holds `future`'s state lock on a thread of its own for `seconds` (at most 60), as the
+/// engine's thread that ends a call holds it for an instant (for tests: a fork made meanwhile).
+/// Returns once the lock is held (waiting for it with the GIL released).
 #[pyfunction]
-fn _hold_state(future: &Bound<'_, Future>, seconds: f64) -> PyResult<()> {
+fn _hold_state(py: Python<'_>, future: &Bound<'_, Future>, seconds: f64) -> PyResult<()> {
     let hold = Duration::try_from_secs_f64(seconds)
-        .map_err(|_| PyValueError::new_err(format!("{seconds}: not a duration")))?;
+        .ok()
+        .filter(|d| *d <= Duration::from_secs(60))
+        .ok_or_else(|| PyValueError::new_err(format!("{seconds}: not a duration of 0 to 60 s")))?;
     let pending = Arc::clone(&future.get().pending);
     let (held, is_held) = std::sync::mpsc::channel();
+    // A thread of the package's: a child forked while it holds the lock is marked.
+    threads_made();
     std::thread::spawn(move || {
         let _st = lock(&pending.state);
         let _ = held.send(());
         std::thread::sleep(hold);
     });
-    is_held
-        .recv()
+    py.allow_threads(move || is_held.recv())
         .map_err(|_| PyRuntimeError::new_err("the holding thread ended first"))
 }
 
