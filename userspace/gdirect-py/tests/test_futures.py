@@ -573,9 +573,9 @@ def test_a_future_started_before_a_fork_is_not_waited_for_in_the_child(data_file
 def test_a_future_whose_lock_was_held_at_the_fork_raises_in_the_child(data_file):
     # The engine's thread that ends a call holds the call's lock for an instant after marking it
     # done; a fork in that instant leaves the lock held in the child for ever. Here a thread
-    # holds it across the fork: the child's get(), add_done_callback() and repr() of that done
-    # future raise RuntimeError (repr names the parent) at once, not a hang; a done future whose
-    # lock was free has its result in the child; the parent's get() waits for the lock.
+    # holds it across the fork: the child's get() and add_done_callback() of that done future
+    # raise RuntimeError at once, not a hang, and its repr() names the parent; a done future
+    # whose lock was free has its result in the child; the parent's get() waits for the lock.
     path, data = data_file
     f = gdirect.File(path)
     held, free = poisoned(4096), poisoned(4096)
