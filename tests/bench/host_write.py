@@ -14,8 +14,6 @@ unmeasured write of each writer comes first (a process's first write into the pa
 for pages the kernel is still giving back from an earlier run).
 """
 import argparse
-import datetime
-import json
 import os
 import sys
 import time
@@ -23,6 +21,7 @@ import time
 import numpy as np
 
 import gdirect
+import jsonl_out
 
 
 def main():
@@ -57,11 +56,11 @@ def main():
     writers = [("gdirect", with_gdirect), ("write", with_write)]
     meta = {"command": "tests/bench/host_write.py " + " ".join(sys.argv[1:]), "label": a.label,
             "commit": os.environ.get("GDIRECT_COMMIT", "unknown"),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "date": jsonl_out.now(),
             "threads": gdirect.settings()["threads"], "cpus": os.cpu_count(), "bytes": n,
             "env": {k: v for k, v in os.environ.items() if k.startswith("GDIRECT_") and k != "GDIRECT_COMMIT"}}
-    rows = [{"meta": meta}]
-    print(json.dumps(meta), flush=True)
+    emit = jsonl_out.emitter(a.out)
+    emit({"meta": meta})
     try:
         for _, fn in writers:
             fn()
@@ -75,16 +74,10 @@ def main():
                 if back.size != n or not np.array_equal(back, src):
                     raise SystemExit(f"round {r}: {name}'s file differs from the source")
                 os.unlink(path)
-                row = {"round": r, "writer": name, "seconds": t, "gb_per_s": n / t / 1e9, "verified": True}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                emit({"round": r, "writer": name, "seconds": t, "gb_per_s": n / t / 1e9, "verified": True})
     finally:
         if os.path.exists(path):
             os.unlink(path)
-    if a.out:
-        with open(a.out, "a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":
