@@ -31,6 +31,9 @@ unsafe extern "C" {
     // `fsnotify_access()`, `fsnotify_modify()`.
     fn gdirect_fsnotify_access(file: *mut c_void);
     fn gdirect_fsnotify_modify(file: *mut c_void);
+    // `inode_get_mtime()`, `inode_get_ctime()` of the file's inode.
+    fn gdirect_file_mtime(file: *mut c_void) -> bindings::timespec64;
+    fn gdirect_file_ctime(file: *mut c_void) -> bindings::timespec64;
 }
 
 /// The calling task's `RLIMIT_FSIZE` (`u64::MAX` for none).
@@ -305,6 +308,25 @@ pub(crate) fn touch(file: &File) {
         bindings::file_update_time(file.as_ptr());
         gdirect_file_end_write(file.as_ptr().cast());
     }
+}
+
+/// Whether the file's modification or change time differs from the time a write would set now
+/// (`current_time()`), so that a write tried with [`Wait::NoWait`] would be refused to update
+/// them: `need_cmtime_update()` (`fs/inode.c`) without its `i_version` part. After a [`touch`],
+/// true once the file system's clock has ticked since (its coarse clock: a jiffy).
+pub(crate) fn times_stale(file: &File) -> bool {
+    let f = file.as_ptr();
+    // SAFETY: `f` is a valid, referenced file, whose inode lives as long as it; reading the
+    // times races only with their updates, as the kernel's own check does.
+    let (now, m, c) = unsafe {
+        (
+            bindings::current_time((*f).f_inode),
+            gdirect_file_mtime(f.cast()),
+            gdirect_file_ctime(f.cast()),
+        )
+    };
+    let same = |t: bindings::timespec64| t.tv_sec == now.tv_sec && t.tv_nsec == now.tv_nsec;
+    !same(m) || !same(c)
 }
 
 /// Does, with no use of the memory held, what a direct I/O of `len` bytes at `pos` waits for

@@ -55,6 +55,7 @@ use crate::{
         notify,
         open_for,
         settle,
+        times_stale,
         touch,
         verify,
         Dir,
@@ -100,10 +101,15 @@ const DIRECT_CHUNK: u64 = 8 << 20;
 
 /// How many times a chunk refused by the file system for a wait ([`Wait::NoWait`]) has what it
 /// waits for done without a use ([`settle`]) and is tried again before it goes through the
-/// bounce pool. More than once: a write's timestamps, updated right before each try (XFS
-/// refuses to update them without waiting), can be stale again by the time the write looks at
-/// them when the clock ticks in between (the rig saw it once in a few dozen writes).
+/// bounce pool.
 const SETTLES: u32 = 3;
+
+/// How many more times a write's chunk so refused is tried again, its times only updated again
+/// ([`touch`]), where they are stale ([`times_stale`]): updated right before each try (XFS
+/// refuses to update them without waiting), they are stale again by the time the write looks
+/// at them when the clock ticks in between, which a busy machine that deschedules the task
+/// there makes likely (the rig saw a whole write bounce so, its three settles each met a tick).
+const TOUCHES: u32 = 8;
 
 /// What a transfer did.
 pub(crate) struct Outcome {
@@ -527,8 +533,9 @@ impl Transfer {
     /// wait first (`EAGAIN`), the use is dropped, what it would wait for done without one
     /// ([`settle`]: dirty page cache written back, a write's blocks allocated, since no file
     /// system lets an extending or allocating write through without waiting), and the chunk
-    /// tried again, up to [`SETTLES`] times; refused still (its inode lock held, say), it goes
-    /// through the bounce pool, whose file I/O holds no use. Bounced bytes are reported
+    /// tried again, up to [`SETTLES`] times (a write whose times went stale in between only
+    /// touched again, up to [`TOUCHES`] times more); refused still (its inode lock held, say),
+    /// it goes through the bounce pool, whose file I/O holds no use. Bounced bytes are reported
     /// (`bounce_bytes`). A block device's direct I/O takes no lock of its file to wait on.
     ///
     /// A short chunk ends a transfer (a read's end of file). A read's chunk tried without
@@ -546,18 +553,19 @@ impl Transfer {
         };
         while done < len {
             let mut n = (len - done).min(DIRECT_CHUNK);
-            let mut settles = 0;
+            let (mut settles, mut touches) = (0, 0);
             // The permission checks with no use held, once a chunk (its tries move this range
             // or less): their fsnotify events wait for a listener's answer.
             let checked = verify(&self.file, self.dir, self.file_offset + done, n)?;
             let got = loop {
-                if self.dir == Dir::Write && wait == Wait::NoWait {
-                    // The times a write updates first, with no use held.
-                    touch(&self.file);
-                }
                 // The memory's device checked with no use held: a free never waits for a config
                 // read (which a dead link may answer only at its completion timeout).
                 self.owner_present()?;
+                if self.dir == Dir::Write && wait == Wait::NoWait {
+                    // The times a write updates first, with no use held, as near the write as
+                    // that allows.
+                    touch(&self.file);
+                }
                 let got = {
                     // Room in the user's share of the storage first, then in the
                     // registration's (what a revocation waits for): neither is held while the
@@ -583,6 +591,10 @@ impl Transfer {
                         break None;
                     }
                     Err(e) if e == EAGAIN && wait == Wait::NoWait => {
+                        if self.dir == Dir::Write && touches < TOUCHES && times_stale(&self.file) {
+                            touches += 1;
+                            continue;
+                        }
                         if settles < SETTLES {
                             settles += 1;
                             settle(&self.file, self.dir, self.file_offset + done, n);

@@ -97,6 +97,19 @@ void gdirect_fsnotify_modify(void *file)
 	fsnotify_modify(file);
 }
 
+/* inode_get_mtime() and inode_get_ctime() of file_inode() are inline; file: struct file * */
+struct timespec64 gdirect_file_mtime(void *file);
+struct timespec64 gdirect_file_mtime(void *file)
+{
+	return inode_get_mtime(file_inode(file));
+}
+
+struct timespec64 gdirect_file_ctime(void *file);
+struct timespec64 gdirect_file_ctime(void *file)
+{
+	return inode_get_ctime(file_inode(file));
+}
+
 /* pinned_vm of an mm: atomic64_add_return() is inline. */
 /* mm: struct mm_struct * */
 s64 gdirect_mm_pinned_add(void *mm, s64 pages);

@@ -493,7 +493,9 @@ enum gdirect_transport {
  * read in, a write that allocates blocks or extends the file) has that done
  * with the memory not held (the range written back; for a write, its blocks
  * allocated as fallocate(2) with mode 0 does and its cached pages dropped) and
- * is tried again, up to 3 times; refused still, it goes through host memory,
+ * is tried again, up to 3 times (a write whose times the clock made stale
+ * again meanwhile has them updated and is tried again, up to 8 times more);
+ * refused still, it goes through host memory,
  * counted in bounce_bytes with path still P2P (so do the chunks of a file
  * that turned to journalling its data after its transfer started; one that
  * did so before bounces whole, GDIRECT_REASON_NO_DIRECT_IO). The permission
