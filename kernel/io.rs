@@ -142,6 +142,8 @@ struct Target {
     sectors: u64,
     /// A regular file (on a file system), not a block device.
     regular: bool,
+    /// A regular file's block (`i_blkbits`), the unit of its extents: at least the logical block.
+    fs_block: NonZeroU64,
     /// A regular file whose data is not on the file system's block device (see
     /// [`data_elsewhere`]): the other facts are not about the device that does the I/O.
     data_elsewhere: bool,
@@ -158,17 +160,18 @@ impl Target {
     fn of(file: &File) -> Result<Self> {
         let f = file.as_ptr();
         // SAFETY: `file` is a valid, referenced file; its inode and superblock live as long.
-        let (bdev, regular) = unsafe {
+        let (bdev, regular, blkbits) = unsafe {
             let inode = (*f).f_inode;
+            let blkbits = (*inode).i_blkbits;
             let fmt = u32::from((*inode).i_mode) & bindings::S_IFMT;
             if fmt == bindings::S_IFBLK {
                 // The device node's inode is the file system's; the block device's inode is
                 // the mapping's host (`bdev_file_inode()`).
-                (bindings::I_BDEV((*(*f).f_mapping).host), false)
+                (bindings::I_BDEV((*(*f).f_mapping).host), false, blkbits)
             } else if fmt == bindings::S_IFREG {
-                ((*(*inode).i_sb).s_bdev, true)
+                ((*(*inode).i_sb).s_bdev, true, blkbits)
             } else {
-                (core::ptr::null_mut(), false)
+                (core::ptr::null_mut(), false, blkbits)
             }
         };
         if bdev.is_null() {
@@ -183,6 +186,10 @@ impl Target {
         let logical_block_size =
             NonZeroU64::new(u64::from(unsafe { (*queue).limits.logical_block_size }))
                 .map_or(SECTOR, |lbs| lbs.max(SECTOR));
+        let fs_block = 1u64
+            .checked_shl(u32::from(blkbits))
+            .and_then(NonZeroU64::new)
+            .map_or(logical_block_size, |b| b.max(logical_block_size));
         // SAFETY: as above.
         let disk = unsafe { (*bdev).bd_disk };
         // SAFETY: as above.
@@ -206,6 +213,7 @@ impl Target {
             disk,
             sectors,
             regular,
+            fs_block,
             data_elsewhere,
         })
     }
@@ -534,9 +542,11 @@ impl Transfer {
     /// ([`settle`]: dirty page cache written back, a write's blocks allocated, since no file
     /// system lets an extending or allocating write through without waiting), and the chunk
     /// tried again, up to [`SETTLES`] times (a write whose times went stale in between only
-    /// touched again, up to [`TOUCHES`] times more); refused still (its inode lock held, say),
-    /// it goes through the bounce pool, whose file I/O holds no use. Bounced bytes are reported
-    /// (`bounce_bytes`). A block device's direct I/O takes no lock of its file to wait on.
+    /// touched again, up to [`TOUCHES`] times more); a write refused still is tried in halves
+    /// (one that crosses extents is refused whole), down to a block of the file system;
+    /// refused at every size (its inode lock held, say), the chunk goes through the bounce
+    /// pool, whose file I/O holds no use. Bounced bytes are reported (`bounce_bytes`). A block
+    /// device's direct I/O takes no lock of its file to wait on.
     ///
     /// A short chunk ends a transfer (a read's end of file). A read's chunk tried without
     /// waiting may have stopped where the file system would have waited (ext4 without direct
@@ -600,6 +610,20 @@ impl Transfer {
                             settle(&self.file, self.dir, self.file_offset + done, n);
                             continue;
                         }
+                        // Tried without waiting, ext4 and XFS refuse a write that one extent
+                        // of the file does not hold whole, allocated or not
+                        // (`ext4_overwrite_io()`, `imap_spans_range()`): its first half is
+                        // tried, down to a block of the file system (the unit of its
+                        // extents); what it leaves is a chunk of its own.
+                        let block = self.target.fs_block.get();
+                        let half = n / 2 / block * block;
+                        if self.dir == Dir::Write && half > 0 {
+                            n = half;
+                            continue;
+                        }
+                        // Refused at every size (its inode lock held, say): the whole chunk
+                        // through the bounce pool.
+                        n = (len - done).min(DIRECT_CHUNK);
                         break None;
                     }
                     got => break Some(got),

@@ -495,7 +495,10 @@ enum gdirect_transport {
  * allocated as fallocate(2) with mode 0 does and its cached pages dropped) and
  * is tried again, up to 3 times (a write whose times the clock made stale
  * again meanwhile has them updated and is tried again, up to 8 times more);
- * refused still, it goes through host memory,
+ * a write refused still is tried in halves, down to a block of the file
+ * system (ext4 and XFS refuse one that crosses extents, written and unwritten
+ * ones say, whatever is done first); refused at every size, it goes through
+ * host memory,
  * counted in bounce_bytes with path still P2P (so do the chunks of a file
  * that turned to journalling its data after its transfer started; one that
  * did so before bounces whole, GDIRECT_REASON_NO_DIRECT_IO). The permission

@@ -3,9 +3,10 @@
 # The body of write_ext4.sh and write_xfs.sh: sourced after gdirect_common.sh
 # with FS set to ext4 or xfs. Formats a namespace of the switch NVMe and writes
 # 4 MiB from GPU memory (bytes the host knows: a region of the other drive) into
-# four kinds of file: an empty one the write extends, a preallocated one
-# (unwritten extents), a sparse one (a hole) and one whose pages are in the page
-# cache (and, on xfs, a reflinked one written off its allocation unit: bounced).
+# five kinds of file: an empty one the write extends, a preallocated one
+# (unwritten extents), a sparse one (a hole), one whose written and unwritten
+# extents the write crosses, and one whose pages are in the page cache (and, on
+# xfs, a reflinked one written off its allocation unit: bounced).
 # Each write is checked four ways: its report (bytes, path), QEMU's trace of the
 # drive's DMA judged by the host (the 4 MiB read from the GPU's BAR), the file
 # read back in the guest, and the host, which finds the file's extents (FIEMAP,
@@ -31,7 +32,7 @@ src_at=$((24 * MiB))
 [ "$FS" = xfs ] && src_at=$((28 * MiB))
 
 ktap_print_header
-if [ "$FS" = xfs ]; then ktap_set_plan 25; else ktap_set_plan 23; fi
+if [ "$FS" = xfs ]; then ktap_set_plan 30; else ktap_set_plan 28; fi
 
 _test "$FS made on $fsdev and mounted" _fs_make "$FS" "$fsdev" "$mnt"
 dd if="$src_dev" of=/tmp/fs-write-src bs=1M skip=$((src_at / MiB)) count=4 iflag=direct 2>/dev/null
@@ -81,6 +82,21 @@ truncate -s $((16 * MiB)) "$mnt/sparse"
 write_case sparse "$mnt/sparse" $((8 * MiB))
 hole() { [ "$(stat -c %b "$mnt/sparse")" -le $((5 * MiB / 512)) ]; }
 _test "sparse: only the written 4 MiB are allocated ($(stat -c %b "$mnt/sparse") blocks of 512)" hole
+# mixed: 8 MiB preallocated (unwritten), its first 3 MiB then written: two extents, written and
+# unwritten, which the 4 MiB written at 1 MiB cross. Tried without waiting, ext4 and XFS refuse
+# a write that one extent does not hold whole (ext4_overwrite_io(), imap_spans_range()), and
+# no waiting would change that: the module writes the part in each extent on its own, peer to
+# peer, rather than send the whole write through host memory.
+mixed() {
+	f=$mnt/mixed
+	fallocate -l $((8 * MiB)) "$f" &&
+		dd if=/dev/zero of="$f" bs=1M count=3 conv=notrunc oflag=direct 2>/dev/null || return 1
+	# The extents that overlap [1 MiB, 5 MiB): two at least.
+	n=$(gdirect-io fiemap "$f" | awk -v lo=$MiB -v hi=$((5 * MiB)) '$1 < hi && $1 + $3 > lo' | wc -l)
+	[ "$n" -ge 2 ] || { ktap_print_msg "$n extent(s) in [1, 5) MiB"; return 1; }
+}
+_test "mixed: 8 MiB preallocated, the first 3 MiB written: two extents across [1, 5) MiB" mixed
+write_case mixed "$mnt/mixed" $MiB
 # cached: 8 MiB whose pages are in the page cache (clean). A direct write waits for them to be
 # dropped; the module has that done with the GPU memory not held, then writes peer to peer, and
 # a buffered read afterwards sees the new bytes, not the dropped pages.
