@@ -544,9 +544,11 @@ impl Transfer {
     /// tried again, up to [`SETTLES`] times (a write whose times went stale in between only
     /// touched again, up to [`TOUCHES`] times more); a write refused still is tried in halves
     /// (one that crosses extents is refused whole), down to a block of the file system;
-    /// refused at every size (its inode lock held, say), the chunk goes through the bounce
-    /// pool, whose file I/O holds no use. Bounced bytes are reported (`bounce_bytes`). A block
-    /// device's direct I/O takes no lock of its file to wait on.
+    /// refused at every size (its inode lock held, XFS extents not read in), one block goes
+    /// through the bounce pool, whose file I/O holds no use and waits for it, and the rest is
+    /// tried directly again; refused again before any of it moved directly, the chunk goes
+    /// through the pool. Bounced bytes are reported (`bounce_bytes`). A block device's direct
+    /// I/O takes no lock of its file to wait on.
     ///
     /// A short chunk ends a transfer (a read's end of file). A read's chunk tried without
     /// waiting may have stopped where the file system would have waited (ext4 without direct
@@ -561,6 +563,9 @@ impl Transfer {
         } else {
             Wait::Block
         };
+        // Whether the last chunk refused at every size had one block go through the bounce
+        // pool, not the whole chunk (see below).
+        let mut waited = false;
         while done < len {
             let mut n = (len - done).min(DIRECT_CHUNK);
             let (mut settles, mut touches) = (0, 0);
@@ -621,9 +626,18 @@ impl Transfer {
                             n = half;
                             continue;
                         }
-                        // Refused at every size (its inode lock held, say): the whole chunk
-                        // through the bounce pool.
-                        n = (len - done).min(DIRECT_CHUNK);
+                        // Refused at every size: what the file system waits for (its inode
+                        // lock held, XFS extents not yet read in, which a direct read of a
+                        // cold file with many extents meets) waited for by one block through
+                        // the bounce pool, whose file I/O holds no use and may wait; then the
+                        // rest tried directly again. Refused again with nothing moved
+                        // directly in between: the whole chunk through the pool.
+                        n = if waited {
+                            (len - done).min(DIRECT_CHUNK)
+                        } else {
+                            block.min(len - done)
+                        };
+                        waited = true;
                         break None;
                     }
                     got => break Some(got),
@@ -643,6 +657,7 @@ impl Transfer {
             self.owner_present()?;
             let got = got?;
             done += got;
+            waited = false;
             // Where a block-aligned count stopped short, a read tried without waiting goes on:
             // there the file ended or the file system would have waited. (An end of file off a
             // block boundary is the end: the direct I/O of the rest would not be aligned. A

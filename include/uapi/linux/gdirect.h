@@ -497,8 +497,11 @@ enum gdirect_transport {
  * again meanwhile has them updated and is tried again, up to 8 times more);
  * a write refused still is tried in halves, down to a block of the file
  * system (ext4 and XFS refuse one that crosses extents, written and unwritten
- * ones say, whatever is done first); refused at every size, it goes through
- * host memory,
+ * ones say, whatever is done first); refused at every size (the inode lock
+ * held, XFS extents of a cold file not yet read in), one block goes through
+ * host memory, its I/O waiting for that with the memory not held, and the
+ * rest is tried again; refused again before any of it moved, the chunk goes
+ * through host memory. What went through host memory is
  * counted in bounce_bytes with path still P2P (so do the chunks of a file
  * that turned to journalling its data after its transfer started; one that
  * did so before bounces whole, GDIRECT_REASON_NO_DIRECT_IO). The permission

@@ -3,8 +3,9 @@
 # The body of read_ext4.sh and read_xfs.sh: sourced after gdirect_common.sh
 # with FS set to ext4 or xfs. Formats a namespace of the switch NVMe, fills
 # files from regions of the raw namespace (bytes the host knows), and reads
-# them into GPU memory: a plain file, a sparse one (holes read as zeros) and one
-# that ends within a block (a short read at EOF, reported). The host compares
+# them into GPU memory: a plain file, a sparse one (holes read as zeros), one
+# that ends within a block (a short read at EOF, reported), one whose pages are
+# dirty and one of many extents none of which is in memory. The host compares
 # its /dev/shm file with its drive image and with zeros, and QEMU's trace of the
 # drive's DMA shows the data went into the GPU's BAR.
 
@@ -23,7 +24,7 @@ raw=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL") || ktap_exit_fail_msg "no $GDI
 MiB=1048576
 
 ktap_print_header
-ktap_set_plan 18
+ktap_set_plan 23
 
 _test "$FS made on $fsdev (a namespace of the switch NVMe) and mounted" _fs_make "$FS" "$fsdev" "$mnt"
 
@@ -78,4 +79,39 @@ _test "dirty: peer to peer, none of it through host memory" \
 	_expect_eq "bytes path bounce_bytes" "$((4 * MiB)) p2p 0" "$(_rj .bytes) $(_rj .path) $(_rj .bounce_bytes)"
 _test "dirty: the host finds the file's bytes in GPU memory" \
 	_host_compare "gva:$(_rj .memory.address)" nvme0:$((16 * MiB)) $((4 * MiB))
+# cold: raw bytes [24 MiB, 28 MiB) written 64 KiB at a time, each piece followed by one of
+# another file's, so the file has more extents than its inode holds (XFS: 64, in a btree; ext4,
+# which merges some: more than 4, in a tree block), then the file system mounted again, so none
+# of its extents is in memory. XFS refuses a read
+# without waiting until they are read in (xfs_ilock_for_iomap()); the module has one block go
+# through host memory, whose read waits for that with the GPU memory not held, and reads the
+# rest peer to peer.
+cold() {
+	i=0
+	while [ $i -lt 64 ]; do
+		dd if="$raw" of="$mnt/cold" bs=64K skip=$((384 + i)) seek=$i count=1 conv=notrunc \
+			oflag=direct 2>/dev/null &&
+			dd if=/dev/zero of="$mnt/between" bs=64K seek=$i count=1 conv=notrunc \
+				oflag=direct 2>/dev/null || return 1
+		i=$((i + 1))
+	done
+	n=$(gdirect-io fiemap "$mnt/cold" | wc -l)
+	ktap_print_msg "cold: $n extents"
+	least=5
+	[ "$FS" = xfs ] && least=32
+	umount "$mnt" && mount -t "$FS" "$fsdev" "$mnt" && [ "$n" -ge $least ]
+}
+_test "cold: 4 MiB in more extents than the inode holds, the file system mounted again" cold
+_test "cold: 4 MiB read into GPU memory" traced_read "$mnt/cold" --mem egpu
+block=$(stat -f -c %S "$mnt")
+cold_bounce() {
+	_expect_eq "bytes path" "$((4 * MiB)) p2p" "$(_rj .bytes) $(_rj .path)" &&
+		[ "$(_rj .bounce_bytes)" -le "$block" ] ||
+		{ ktap_print_msg "bounce_bytes $(_rj .bounce_bytes), more than a block ($block)"; return 1; }
+}
+_test "cold: peer to peer, at most a block ($block bytes) through host memory" cold_bounce
+_test "cold: QEMU's trace: the rest went into the GPU's BAR" \
+	_dma_expect bar_read=$((4 * MiB - $(_rj .bounce_bytes)))
+_test "cold: the host finds the raw bytes in GPU memory" \
+	_host_compare "gva:$(_rj .memory.address)" nvme0:$((24 * MiB)) $((4 * MiB))
 _test "the file system unmounts cleanly" umount "$mnt"
