@@ -1675,7 +1675,11 @@ fn user_cap(dev: &str, cap: u64) -> gdirect::Result<()> {
                 let queued = first.submit(&b, 0)?;
                 // Those already done: a throttle lets a first request through at once, and a
                 // slow kernel's SUBMIT may see it complete before the last entries (the cap
-                // counts transfers until done), so 8 + those may have been queued.
+                // counts transfers until done), so 8 + those may have been queued. A transfer
+                // gives its user's count back just before its completion is posted (so that a
+                // reaper finds nothing of it held): 50 ms for such a completion to show, well
+                // under the 125 ms the throttle takes for the next read.
+                std::thread::sleep(std::time::Duration::from_millis(50));
                 let done_then = first.reap(queued, false)?.len();
                 println!("user_first={queued} user_first_done={done_then}");
                 // The throttle lets a first request through at once, and then one about every
