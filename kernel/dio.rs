@@ -34,6 +34,8 @@ unsafe extern "C" {
     // `inode_get_mtime()`, `inode_get_ctime()` of the file's inode.
     fn gdirect_file_mtime(file: *mut c_void) -> bindings::timespec64;
     fn gdirect_file_ctime(file: *mut c_void) -> bindings::timespec64;
+    fn gdirect_file_nocmtime(file: *mut c_void) -> bool;
+    fn gdirect_file_iversion_need_inc(file: *mut c_void) -> bool;
 }
 
 /// The calling task's `RLIMIT_FSIZE` (`u64::MAX` for none).
@@ -310,23 +312,28 @@ pub(crate) fn touch(file: &File) {
     }
 }
 
-/// Whether the file's modification or change time differs from the time a write would set now
-/// (`current_time()`), so that a write tried with [`Wait::NoWait`] would be refused to update
-/// them: `need_cmtime_update()` (`fs/inode.c`) without its `i_version` part. After a [`touch`],
-/// true once the file system's clock has ticked since (its coarse clock: a jiffy).
+/// Whether a write tried with [`Wait::NoWait`] would be refused to update the file's times:
+/// `file_update_time_flags()` and `need_cmtime_update()` (`fs/inode.c`). Never for a file whose
+/// times a write does not update (`S_NOCMTIME`, `FMODE_NOCMTIME`); otherwise where the
+/// modification or change time differs from the time a write would set now (`current_time()`),
+/// or the change counter was looked at since its last increase (`inode_iversion_need_inc()`).
+/// After a [`touch`], true once the file system's clock has ticked since (its coarse clock: a
+/// jiffy), or something asked for the change counter (`statx()`'s change cookie, NFS).
 pub(crate) fn times_stale(file: &File) -> bool {
     let f = file.as_ptr();
     // SAFETY: `f` is a valid, referenced file, whose inode lives as long as it; reading the
-    // times races only with their updates, as the kernel's own check does.
-    let (now, m, c) = unsafe {
-        (
-            bindings::current_time((*f).f_inode),
-            gdirect_file_mtime(f.cast()),
-            gdirect_file_ctime(f.cast()),
-        )
-    };
-    let same = |t: bindings::timespec64| t.tv_sec == now.tv_sec && t.tv_nsec == now.tv_nsec;
-    !same(m) || !same(c)
+    // times, flags and change counter races only with their updates, as the kernel's own check
+    // does.
+    unsafe {
+        if gdirect_file_nocmtime(f.cast()) {
+            return false;
+        }
+        let now = bindings::current_time((*f).f_inode);
+        let same = |t: bindings::timespec64| t.tv_sec == now.tv_sec && t.tv_nsec == now.tv_nsec;
+        !same(gdirect_file_mtime(f.cast()))
+            || !same(gdirect_file_ctime(f.cast()))
+            || gdirect_file_iversion_need_inc(f.cast())
+    }
 }
 
 /// Does, with no use of the memory held, what a direct I/O of `len` bytes at `pos` waits for

@@ -142,7 +142,8 @@ struct Target {
     sectors: u64,
     /// A regular file (on a file system), not a block device.
     regular: bool,
-    /// A regular file's block (`i_blkbits`), the unit of its extents: at least the logical block.
+    /// A regular file's block (`i_blkbits`), the unit of its extents, at least the logical block;
+    /// a block device's logical block.
     fs_block: NonZeroU64,
     /// A regular file whose data is not on the file system's block device (see
     /// [`data_elsewhere`]): the other facts are not about the device that does the I/O.
@@ -186,9 +187,11 @@ impl Target {
         let logical_block_size =
             NonZeroU64::new(u64::from(unsafe { (*queue).limits.logical_block_size }))
                 .map_or(SECTOR, |lbs| lbs.max(SECTOR));
+        // A block device node's `i_blkbits` is its own file system's, not the device's.
         let fs_block = 1u64
             .checked_shl(u32::from(blkbits))
             .and_then(NonZeroU64::new)
+            .filter(|_| regular)
             .map_or(logical_block_size, |b| b.max(logical_block_size));
         // SAFETY: as above.
         let disk = unsafe { (*bdev).bd_disk };

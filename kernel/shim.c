@@ -12,6 +12,7 @@
 #include <linux/fileattr.h>
 #include <linux/fs.h>
 #include <linux/fsnotify.h>
+#include <linux/iversion.h>
 #include <linux/kthread.h>
 #include <linux/memcontrol.h>
 #include <linux/miscdevice.h>
@@ -108,6 +109,28 @@ struct timespec64 gdirect_file_ctime(void *file);
 struct timespec64 gdirect_file_ctime(void *file)
 {
 	return inode_get_ctime(file_inode(file));
+}
+
+/*
+ * Whether the file's times are never updated by a write: IS_NOCMTIME() and
+ * FMODE_NOCMTIME, as file_update_time_flags() tests them; file: struct file *
+ */
+bool gdirect_file_nocmtime(void *file);
+bool gdirect_file_nocmtime(void *file)
+{
+	return IS_NOCMTIME(file_inode(file)) ||
+	       (((struct file *)file)->f_mode & FMODE_NOCMTIME);
+}
+
+/*
+ * need_cmtime_update()'s i_version part: IS_I_VERSION() is a macro and
+ * inode_iversion_need_inc() inline; file: struct file *
+ */
+bool gdirect_file_iversion_need_inc(void *file);
+bool gdirect_file_iversion_need_inc(void *file)
+{
+	return IS_I_VERSION(file_inode(file)) &&
+	       inode_iversion_need_inc(file_inode(file));
 }
 
 /* pinned_vm of an mm: atomic64_add_return() is inline. */
