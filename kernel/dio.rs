@@ -14,6 +14,7 @@
 use core::ffi::c_void;
 use kernel::{
     bindings,
+    error::to_result,
     fs::File,
     prelude::*, //
 };
@@ -42,6 +43,20 @@ unsafe extern "C" {
 pub(crate) fn fsize_limit() -> u64 {
     // SAFETY: no preconditions.
     unsafe { gdirect_fsize_limit() }
+}
+
+/// The bytes of a write of `len` at `pos` to the regular file `file` that its limits let through,
+/// as the write's own checks cut it (`generic_write_check_limits()`): the calling task's
+/// `RLIMIT_FSIZE` (at or past it `EFBIG`, and `SIGXFSZ` to the task, as `write()` gets), the file
+/// system's largest file, 2 GiB for a file opened without `O_LARGEFILE` (`EFBIG` at or past
+/// those). A position no `loff_t` holds fails as the write would, `EOVERFLOW`.
+pub(crate) fn write_limits(file: &File, pos: u64, len: u64) -> Result<u64> {
+    let pos = i64::try_from(pos).map_err(|_| EOVERFLOW)?;
+    let mut count = i64::try_from(len).unwrap_or(i64::MAX);
+    // SAFETY: `file` is a valid, referenced regular file; `count` is a valid `loff_t`.
+    to_result(unsafe { bindings::generic_write_check_limits(file.as_ptr(), pos, &mut count) })?;
+    // (Cut only down: a count it leaves is between 0 and `len`.)
+    Ok(u64::try_from(count).map_or(0, |c| c.min(len)))
 }
 
 /// `IOCB_APPEND` (`include/linux/fs.h`), which is `RWF_APPEND` of the uapi (`linux/fs.h`, an ABI

@@ -58,6 +58,7 @@ use crate::{
         times_stale,
         touch,
         verify,
+        write_limits,
         Dir,
         Wait, //
     },
@@ -392,19 +393,24 @@ impl Transfer {
         }
     }
 
-    /// The bytes to move: `len`, but for a batch's write to a regular file, what the
-    /// submitter's file size limit allows (the caller's own write has the kernel check it).
-    /// Asked once, by the first chunk, after its waits for room and right before its storage
-    /// I/O, where a `write()` of the task's own would check it (`generic_write_checks()`): a
-    /// write held behind other I/O while its task `exec`s a new program does not signal that
-    /// program (`Submitter::write_limit`).
+    /// The bytes to move: `len`, but for a write to a regular file, what its limits allow: the
+    /// submitter's file size limit for a batch's (`Submitter::write_limit`), then the limits
+    /// the write's own checks apply ([`write_limits`]: the calling task's `RLIMIT_FSIZE`, the
+    /// file system's largest file). Asked once, by the first chunk, after its waits for room
+    /// and right before its storage I/O, where a `write()` of the task's own would check it
+    /// (`generic_write_checks()`): a write held behind other I/O while its task `exec`s a new
+    /// program does not signal that program. Each chunk's own write checks them again, but a
+    /// chunk that started at a limit would fail (`EFBIG`, and `SIGXFSZ` to the caller) a
+    /// write whose earlier chunks are in the file, which `write()` cuts short there.
     fn allowed(&self, len: u64) -> Result<u64> {
-        match &self.submitter {
-            Some(s) if self.dir == Dir::Write && self.target.regular => {
-                s.write_limit(self.file_offset, len)
-            }
-            _ => Ok(len),
+        if self.dir != Dir::Write || !self.target.regular {
+            return Ok(len);
         }
+        let len = match &self.submitter {
+            Some(s) => s.write_limit(self.file_offset, len)?,
+            None => len,
+        };
+        write_limits(&self.file, self.file_offset, len)
     }
 
     /// The transfer's `len` and a chunk's `n`, cut by [`Transfer::allowed`] when the chunk is

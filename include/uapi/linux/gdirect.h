@@ -513,9 +513,12 @@ enum gdirect_transport {
  * memory is held. A
  * write updates the file's times and, where it extends the file, its size
  * (the new part reading as zeros) before its data lands: one that fails may
- * leave them so. A file open with O_APPEND is written at file_offset, as
- * pwritev2(RWF_NOAPPEND) writes; an append-only one (chattr +a) is refused,
- * EPERM, as that call refuses it.
+ * leave them so. A write to a regular file is cut short at the caller's
+ * RLIMIT_FSIZE and the file system's largest file, as write(2) is (bytes <
+ * len, wherever a chunk ends); one that starts at or past them fails, EFBIG
+ * (and SIGXFSZ for RLIMIT_FSIZE). A file open with O_APPEND is written at
+ * file_offset, as pwritev2(RWF_NOAPPEND) writes; an append-only one (chattr
+ * +a) is refused, EPERM, as that call refuses it.
  */
 struct gdirect_io_args {
 	/* in */

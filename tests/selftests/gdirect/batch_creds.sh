@@ -39,10 +39,10 @@ _fs_setup ext4 gdirect-io gdirect jq
 _load_module || ktap_exit_fail_msg "cannot load $GDIRECT_MODULE"
 _add_test_user
 chgrp gdirect /dev/gdirect && chmod 0660 /dev/gdirect
-K=1024
+K=1024 M=1048576
 
 ktap_print_header
-ktap_set_plan 23
+ktap_set_plan 25
 
 _test "ext4 made on $FS_DEV and mounted" _fs_make ext4 "$FS_DEV" "$mnt"
 mkdir -p "$mnt/u" && chown gduser:gduser "$mnt/u"
@@ -92,6 +92,23 @@ for mode in sync batch; do
 	_test "$mode write across the limit: cut at it (16 KiB)" \
 		_expect_eq "$mode-across" "result=$((16 * K))" "$(_kv "$out" "$mode-across" | sed 's/ $//')"
 done
+# The limit where one of the module's 8 MiB chunks ends (root's writes: the user's locked
+# memory limit holds less than a chunk): the write is cut there, as write() is, not failed
+# with its first 8 MiB in the file, and no SIGXFSZ.
+g=$mnt/u/fsize-chunk
+: >"$g"
+cout=$(sh -c "ulimit -f 32768; trap '' XFSZ
+	lim=\$(sed -n 's/^Max file size *\([0-9]*\) .*/\1/p' /proc/self/limits)
+	for mode in sync batch; do
+		echo \$mode-chunk=\$(gdirect-io credwrite \$mode $g \$((lim - 8 * $M)) $((8 * M + 64 * K)) | tr '\n' ' ')
+	done")
+ktap_print_msg "$(echo "$cout" | tr '\n' ' ')"
+for mode in sync batch; do
+	_test "$mode write across the limit at a chunk's end: cut at it (8 MiB), no SIGXFSZ" \
+		_expect_eq "$mode-chunk" "result=$((8 * M)) sigxfsz=0" \
+		"$(echo "$cout" | sed -n "s/^$mode-chunk=//p" | sed 's/ $//')"
+done
+rm -f "$g"
 # The library's write_all_from (what GPU writes through the module use): the write after the
 # cut one fails, EFBIG at the limit, so a short write is never taken for a whole one.
 all=$(echo "$out" | sed -n 's/^all-across=//p')
