@@ -2002,6 +2002,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_hold_state, m)?)?;
     m.add_function(wrap_pyfunction!(read_many, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::safetensors_header, m)?)?;
+    m.add_function(wrap_pyfunction!(safetensors::safetensors_json_error, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::safetensors_layout, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::safetensors_views, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_copy_many, m)?)?;

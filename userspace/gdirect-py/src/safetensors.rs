@@ -181,6 +181,64 @@ pub(crate) fn safetensors_header<'py>(
     Ok(Some(PyTuple::new(py, [list.into_any(), meta.into_any()])?))
 }
 
+/// A JSON value read whole and dropped: unlike `serde::de::IgnoredAny`, which skips a value
+/// without reading its numbers and escapes, each part is read as a value of its own would be,
+/// so that what serde_json refuses there (a number out of its range) is refused.
+struct Checked;
+
+impl<'de> Deserialize<'de> for Checked {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Checked)
+    }
+}
+
+impl<'de> Visitor<'de> for Checked {
+    type Value = Checked;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        while seq.next_element::<Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        while map.next_entry::<Checked, Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+}
+
+/// Why serde_json refuses `raw` as a JSON value, or `None`: what safetensors' reading of its
+/// header refuses before it looks at any field (numbers out of serde_json's range, whose reading
+/// is not Python's exact one; escapes, nesting, what follows the value), with nothing kept.
+#[pyfunction]
+pub(crate) fn safetensors_json_error(py: Python<'_>, raw: &[u8]) -> Option<String> {
+    py.allow_threads(|| {
+        let mut de = serde_json::Deserializer::from_slice(raw);
+        Checked::deserialize(&mut de)
+            .and_then(|_| de.end())
+            .err()
+            .map(|e| e.to_string())
+    })
+}
+
 /// Where a run's tensors go in its buffer, as `gdirect.safetensors._layout` computes it: each
 /// at an offset its dtype's size divides (`dtype_sizes`; 1 for a dtype not in it), the file's
 /// bytes kept in one piece while their alignment allows. `tensors`: the run's `TensorInfo`s,

@@ -445,6 +445,18 @@ RAW_EDGES = [
     ("an extra field of 1e400", '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2], "x": 1e400}}', False),
     ("an extra field of 10**400", '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2], "x": 1%s}}' % ("0" * 400), False),
     ("an extra field of 10**30", '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2], "x": 1%s}}' % ("0" * 30), True),
+    ("a name twice, the first of the wrong size (the last counts)", '{"a": {"dtype": "U8", "shape": [3], "data_offsets": [0, 2]}, "a": %s}' % U8x2, True),
+    ("a name twice, the first with its offsets reversed", '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [9, 4]}, "a": %s}' % U8x2, True),
+    ("a name twice, the first overflowing 64 bits", '{"a": {"dtype": "U8", "shape": [4294967296, 4294967296, 0], "data_offsets": [0, 0]}, "a": %s}' % U8x2, True),
+    ("a name twice, the first of half a byte", '{"a": {"dtype": "F4", "shape": [1], "data_offsets": [0, 0]}, "a": %s}' % U8x2, True),
+    ("a name twice, the last of the wrong size", '{"a": %s, "a": {"dtype": "U8", "shape": [3], "data_offsets": [0, 2]}}' % U8x2, False),
+    ("a dtype as {name: null}", '{"a": {"dtype": {"U8": null}, "shape": [2], "data_offsets": [0, 2]}}', True),
+    ("a dtype as {name: null} in an array entry", '{"a": [{"U8": null}, [2], [0, 2]]}', True),
+    ("a dtype as {name: []}", '{"a": {"dtype": {"U8": []}, "shape": [2], "data_offsets": [0, 2]}}', False),
+    ("a dtype as {unknown: null}", '{"a": {"dtype": {"XX": null}, "shape": [2], "data_offsets": [0, 2]}}', False),
+    ("an extra field just under the largest float, as serde_json refuses it", '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2], "x": 1.7976931348623158e308}}', False),
+    ("an extra field of 17976931348623158e292", '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2], "x": 17976931348623158e292}}', False),
+    ("an extra field of 1.79769313486231580e308, as serde_json takes it", '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2], "x": 1.79769313486231580e308}}', True),
     ("an extra field with a lone surrogate", '{"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2], "x": "\\ud800"}}', False),
 ]
 

@@ -130,6 +130,9 @@ class _Object(list):
 
 def _int(text: str) -> Any:
     """A JSON integer as serde_json reads it: beyond 64 bits, or ``-0``, a float."""
+    if len(text) > 21:
+        # Past 64 bits whatever its digits (and read in time linear in them).
+        return _float(text)
     v = int(text)
     if (v == 0 and text.startswith("-")) or not -(1 << 63) <= v < _U64:
         return _float(text)
@@ -198,6 +201,11 @@ def _parse_header(f: File) -> Header:
     fast = _native.safetensors_header(raw, data_len, DTYPE_BITS, TensorInfo)
     if fast is not None:
         return Header(path, fast[0], fast[1], 8 + n, data_len)
+    # What serde_json refuses in any JSON value (numbers it finds out of range, which Python's
+    # exact reading of them may take), from serde_json itself.
+    refused = _native.safetensors_json_error(raw)
+    if refused is not None:
+        raise _bad(path, f"the header is not JSON ({refused})")
     try:
         header = _json(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -206,8 +214,9 @@ def _parse_header(f: File) -> Header:
         raise _bad(path, "the header is not a JSON object")
     meta: Any = None
     had_meta = False
-    by_name: Dict[str, TensorInfo] = {}
-    # Every entry is checked, a repeated name's too; the last one counts (serde's map).
+    entries: Dict[str, Any] = {}
+    # Every entry's types are checked, a repeated name's too; the last one counts (serde's
+    # map), and only it is checked against its sizes (safetensors' Metadata::validate).
     for name, info in header:
         if name == "__metadata__":
             # A struct's field in safetensors' header type: given once, null or strings.
@@ -232,26 +241,29 @@ def _parse_header(f: File) -> Header:
             dtype, shape, offsets = info
         else:
             raise _bad(path, f"tensor {name!r}: not an object")
-        bits = DTYPE_BITS.get(dtype) if type(dtype) is str else None
-        if bits is None:
+        if type(dtype) is _Object and len(dtype) == 1 and dtype[0][1] is None:
+            # serde reads an enum's variant from {"NAME": null} too.
+            dtype = dtype[0][0]
+        if type(dtype) is not str or dtype not in DTYPE_BITS:
             raise _bad(path, f"tensor {name!r}: unknown dtype {dtype!r}")
-        if type(shape) is not list:
+        if type(shape) is not list or not all(type(d) is int and 0 <= d < _U64 for d in shape):
             raise _bad(path, f"tensor {name!r}: shape {shape!r} is not a list of sizes")
+        if (type(offsets) is not list or len(offsets) != 2
+                or not all(type(o) is int and 0 <= o < _U64 for o in offsets)):
+            raise _bad(path, f"tensor {name!r}: data_offsets {offsets!r} are not [begin, end]")
+        entries[name] = (dtype, shape, offsets)
+    by_name: Dict[str, TensorInfo] = {}
+    for name, (dtype, shape, (start, end)) in entries.items():
+        if start > end:
+            raise _bad(path, f"tensor {name!r}: data_offsets {[start, end]!r} are not [begin, end]")
         numel = 1
         for d in shape:
-            if type(d) is not int or not 0 <= d < _U64:
-                raise _bad(path, f"tensor {name!r}: shape {shape!r} is not a list of sizes")
             # Checked as safetensors multiplies (in 64 bits, in order): an overflow is an
             # error even where a later size is 0.
             numel *= d
             if numel >= _U64:
                 raise _bad(path, f"tensor {name!r}: shape {shape!r} overflows 64 bits")
-        if type(offsets) is not list or len(offsets) != 2:
-            raise _bad(path, f"tensor {name!r}: data_offsets {offsets!r} are not [begin, end]")
-        start, end = offsets
-        if (type(start) is not int or type(end) is not int or not 0 <= start <= end < _U64):
-            raise _bad(path, f"tensor {name!r}: data_offsets {offsets!r} are not [begin, end]")
-        bits *= numel
+        bits = DTYPE_BITS[dtype] * numel
         if bits >= _U64:
             raise _bad(path, f"tensor {name!r}: {dtype}{shape} overflows 64 bits")
         if bits % 8:
