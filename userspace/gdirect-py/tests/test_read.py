@@ -100,6 +100,30 @@ def test_reads_in_flight_at_once_are_each_exact(data_file):
         assert bytes(d) == data[i * 100000 : i * 100000 + 65536]
 
 
+def test_read_async_looks_at_its_destination_on_the_calling_thread(data_file, monkeypatch):
+    # The destination's stream (PyTorch's and CuPy's current stream is per thread) is the one
+    # the calling thread sees: the destination is looked at before the worker takes the read.
+    import threading
+
+    path, data = data_file
+    seen = []
+    target = gdirect._target
+
+    def spy(mem, writable):
+        seen.append(threading.get_ident())
+        return target(mem, writable=writable)
+
+    monkeypatch.setattr(gdirect, "_target", spy)
+    dest = poisoned(65536)
+    assert gdirect.File(path).read_async(dest, file_offset=4096).result(timeout=60).bytes == 65536
+    assert bytes(dest) == data[4096 : 4096 + 65536]
+    assert seen == [threading.get_ident()]
+    # Its errors still come from the future, as the read's own do.
+    fut = gdirect.File(path).read_async(b"read-only")
+    with pytest.raises(ValueError, match="read-only"):
+        fut.result(timeout=60)
+
+
 def test_the_file_is_kept_open_and_sees_it_grow(tmp_path):
     path = tmp_path / "grow.bin"
     path.write_bytes(b"a" * 5000)

@@ -128,7 +128,7 @@ def _read_after_queued_use(read, dest):
     return snapshot
 
 
-@pytest.mark.parametrize("how", ["read", "pread", "read_batch"])
+@pytest.mark.parametrize("how", ["read", "pread", "read_batch", "read_async"])
 @pytest.mark.parametrize("where", ["default", "side"])
 def test_a_read_waits_for_the_work_queued_on_its_stream(data_file, how, where):
     path, data = data_file
@@ -140,6 +140,8 @@ def test_a_read_waits_for_the_work_queued_on_its_stream(data_file, how, where):
         "read": lambda d: f.read(d),
         "pread": lambda d: f.pread(d).get(),
         "read_batch": lambda d: gdirect.read_batch([(f, 0, d, 0, None)]).get(),
+        # Run by a worker thread, whose current stream is not the caller's.
+        "read_async": lambda d: f.read_async(d).result(),
     }[how]
     if where == "side":
         with torch.cuda.stream(torch.cuda.Stream()):

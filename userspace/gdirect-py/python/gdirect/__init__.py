@@ -442,7 +442,12 @@ class File:
     def _call(self, mem: Any, read: bool, file_offset: int, mem_offset: int,
               size: Optional[int]) -> Report:
         """A read into ``mem`` or a write from it, its arguments checked first."""
-        t = _target(mem, writable=read)
+        return self._call_target(_target(mem, writable=read), read, file_offset, mem_offset,
+                                 size)
+
+    def _call_target(self, t: "_Target", read: bool, file_offset: int, mem_offset: int,
+                     size: Optional[int]) -> Report:
+        """``_call`` with the memory already looked at (``_target``)."""
         name, role = ("dest_offset", "destination") if read else ("src_offset", "source")
         file_offset = _index("file_offset", file_offset)
         mem_offset = _index(name, mem_offset)
@@ -523,8 +528,18 @@ class File:
     ) -> "concurrent.futures.Future[Report]":
         """``read`` on a worker thread (one of 4 the package keeps): a future of its report (the
         read releases the GIL). ``dest`` must stay alive and untouched until the future is
-        done. For many requests at once, ``pread`` and ``read_batch`` cost less."""
-        return File._submit(self.read, dest, file_offset, dest_offset, size)
+        done. For many requests at once, ``pread`` and ``read_batch`` cost less.
+
+        The read is ordered after the work queued on ``dest``'s stream as ``read`` is, the
+        stream as the calling thread sees it (PyTorch's and CuPy's current stream is the
+        thread's own), not the worker's."""
+        try:
+            t = _target(dest, writable=True)
+        except Exception as e:  # noqa: BLE001 (raised by the future, as the call's own errors)
+            failed: "concurrent.futures.Future[Report]" = concurrent.futures.Future()
+            failed.set_exception(e)
+            return failed
+        return File._submit(self._call_target, t, True, file_offset, dest_offset, size)
 
     @staticmethod
     def _submit(call: Any, *args: Any) -> "concurrent.futures.Future[Report]":
