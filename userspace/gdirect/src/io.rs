@@ -477,6 +477,7 @@ impl File {
     }
 
     /// Reads `len` bytes at `file_offset` into `reg` at `buf_offset` (`GDIRECT_IOC_READ`).
+    /// Not ordered after work queued on GPU memory: see [`Driver::register`].
     ///
     /// ```no_run
     /// use gdirect::{Driver, File, HostBuffer};
@@ -510,7 +511,8 @@ impl File {
     }
 
     /// Writes `len` bytes of `reg` at `buf_offset` to the file at `file_offset`
-    /// (`GDIRECT_IOC_WRITE`; the file must be open for writing).
+    /// (`GDIRECT_IOC_WRITE`; the file must be open for writing). Not ordered after work queued
+    /// on GPU memory: see [`Driver::register`].
     pub fn write_from(
         &self,
         reg: &Registration<'_>,

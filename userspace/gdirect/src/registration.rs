@@ -110,6 +110,13 @@ pub struct Registration<'a> {
 impl Driver {
     /// Registers `mem` (`GDIRECT_IOC_REGISTER`): the module pins it and translates its pages.
     ///
+    /// Transfers through a registration ([`File::read_into`](crate::File::read_into),
+    /// [`File::write_from`](crate::File::write_from), [`Batch`](crate::Batch)) are the
+    /// module's DMA, ordered after nothing queued on a GPU: before one, the caller waits for
+    /// the work that writes GPU memory a write sends or uses memory a read fills (its stream
+    /// synchronized), as cuFile leaves to its caller. `gpu::GpuReader` (feature `cuda`) does
+    /// that wait for each call.
+    ///
     /// ```no_run
     /// use gdirect::{Driver, HostBuffer};
     /// let driver = Driver::open()?;
