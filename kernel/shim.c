@@ -215,6 +215,13 @@ u32 gdirect_user_ns_owner(void *ns)
 	return from_kuid(&init_user_ns, ((struct user_namespace *)ns)->owner);
 }
 
+/* The namespace's inode number (/proc/PID/ns/user); ns: struct user_namespace * */
+u32 gdirect_user_ns_inum(void *ns);
+u32 gdirect_user_ns_inum(void *ns)
+{
+	return ((struct user_namespace *)ns)->ns.inum;
+}
+
 /* rlimit() is inline. */
 u64 gdirect_memlock_limit_pages(void);
 u64 gdirect_memlock_limit_pages(void)

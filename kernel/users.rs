@@ -13,8 +13,10 @@
 //! the initial namespace, as the kernel's own `RLIMIT_MEMLOCK` accounting (ucounts) goes: a
 //! registration is charged to the opener's uid and to the owner of each user namespace the opener
 //! runs in (each once), and is refused when any of them would pass the limit. So the 65536
-//! subordinate uids a user maps in a container share that user's limit, and a container whose
-//! namespace root made counts against root's.
+//! subordinate uids a user maps in a container share that user's limit. A namespace that root
+//! made (a container runtime's: every pod or container of a node) is an account of its own
+//! instead of root's: each such container's uids share one limit, and no container can take
+//! another's, or root's own, by filling an account they all shared.
 //!
 //! Batched transfers per user: `max_in_flight_per_user` bounds the transfers the files of one
 //! user (with the same accounts as its pins) have queued or running on the module's workers,
@@ -63,12 +65,19 @@ unsafe extern "C" {
     fn gdirect_current_user_ns() -> *mut c_void;
     fn gdirect_user_ns_parent(ns: *mut c_void) -> *mut c_void;
     fn gdirect_user_ns_owner(ns: *mut c_void) -> u32;
+    fn gdirect_user_ns_inum(ns: *mut c_void) -> u32;
 }
+
+/// An account's key: a uid (`kuid_t`, the initial namespace's value), or, with this bit, the
+/// inode number of a user namespace that root made (`/proc/PID/ns/user`; unique while the
+/// namespace lives: a later namespace given the number of one whose charges outlive it, held by
+/// registrations orphaned with the GPU until its free, shares what is left of them).
+const NS_ACCOUNT: u64 = 1 << 32;
 
 /// The bytes one user has pinned, and its batched transfers running.
 struct UserPins {
-    /// The real uid, as the kernel knows it (`kuid_t`, the initial namespace's value).
-    uid: u32,
+    /// The account: a real uid, or a namespace ([`NS_ACCOUNT`]).
+    key: u64,
     bytes: Atomic<u64>,
     /// The [`UserCharge`]s that hold the account: one per registration, revoked ones too (their
     /// bytes given back, their transfers still counted here until they end). A user stays
@@ -144,40 +153,47 @@ impl Drop for Users {
 
 /// The accounts a file opened now is charged to: the calling task's real uid (the value in the
 /// initial user namespace), then the owner of each user namespace it runs in, innermost first,
-/// each once.
+/// each once; a namespace that root owns is its own account ([`NS_ACCOUNT`]).
 pub(crate) fn opener() -> Result<Opener> {
-    let mut uids = KVec::new();
-    uids.push(kernel::current!().uid().into_raw().val, GFP_KERNEL)?;
+    let mut keys = KVec::new();
+    keys.push(
+        u64::from(kernel::current!().uid().into_raw().val),
+        GFP_KERNEL,
+    )?;
     let init = (&raw mut bindings::init_user_ns).cast::<c_void>();
     // SAFETY: no preconditions; the namespace of the current credentials, which hold it (and it
     // its parents) while this task runs.
     let mut ns = unsafe { gdirect_current_user_ns() };
     while !ns.is_null() && ns != init {
         // SAFETY: `ns` is live (see above).
-        let owner = unsafe { gdirect_user_ns_owner(ns) };
-        if !uids.contains(&owner) {
-            uids.push(owner, GFP_KERNEL)?;
+        let key = match unsafe { gdirect_user_ns_owner(ns) } {
+            // SAFETY: as above.
+            0 => NS_ACCOUNT | u64::from(unsafe { gdirect_user_ns_inum(ns) }),
+            owner => u64::from(owner),
+        };
+        if !keys.contains(&key) {
+            keys.push(key, GFP_KERNEL)?;
         }
         // SAFETY: as above.
         ns = unsafe { gdirect_user_ns_parent(ns) };
     }
-    Ok(Opener { uids })
+    Ok(Opener { keys })
 }
 
 /// The accounts of a file, as [`opener`] found them; the first is the opener's own uid.
 pub(crate) struct Opener {
-    uids: KVec<u32>,
+    keys: KVec<u64>,
 }
 
 /// The bytes the opener's own uid has pinned now.
 pub(crate) fn bytes_of(opener: &Opener) -> u64 {
-    let Some(&uid) = opener.uids.first() else {
+    let Some(&key) = opener.keys.first() else {
         return 0;
     };
     USERS
         .lock()
         .iter()
-        .find(|u| u.uid == uid)
+        .find(|u| u.key == key)
         .map_or(0, |u| u.bytes.load(Relaxed))
 }
 
@@ -197,7 +213,7 @@ impl UserCharge {
             max => max,
         };
         let mut charge = Self {
-            users: KVec::with_capacity(opener.uids.len(), GFP_KERNEL)?,
+            users: KVec::with_capacity(opener.keys.len(), GFP_KERNEL)?,
             bytes,
             gate: IO_GATE.lock().clone().ok_or(ENODEV)?,
         };
@@ -205,13 +221,13 @@ impl UserCharge {
         // Users with nothing pinned and no charge leave; none is being charged (that happens
         // under the lock).
         users.retain(|u| u.bytes.load(Relaxed) != 0 || u.charges.load(Relaxed) != 0);
-        for &uid in opener.uids.iter() {
-            let user = match users.iter().find(|u| u.uid == uid) {
+        for &key in opener.keys.iter() {
+            let user = match users.iter().find(|u| u.key == key) {
                 Some(u) => u.clone(),
                 None => {
                     let u = Arc::new(
                         UserPins {
-                            uid,
+                            key,
                             bytes: Atomic::new(0),
                             charges: Atomic::new(0),
                             transfers: Atomic::new(0),

@@ -186,8 +186,9 @@ struct gdirect_info_args {
  *                  or for the owner of a user namespace the opener runs in
  *                  (and so on up: a container's uids share the limit of the
  *                  user that made its namespace, as RLIMIT_MEMLOCK's ucounts
- *                  do). GET_INFO reports both limits and the opener's own
- *                  pinned bytes. The per-user limit is checked
+ *                  do; a namespace that root made is an account of its own,
+ *                  not root's). GET_INFO reports both limits and the
+ *                  opener's own pinned bytes. The per-user limit is checked
  *                  first; neither check adds anything before it passes.
  *  EMFILE          this file already holds max_registrations registrations.
  *  ENOENT          no registration with this handle was ever made on this file
