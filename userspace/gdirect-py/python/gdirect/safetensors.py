@@ -120,8 +120,6 @@ def _no_constant(name: str) -> Any:
 
 _U64 = 1 << 64
 _FIELDS = ("dtype", "shape", "data_offsets")
-# serde_json's nesting limit: the header object and 127 levels inside it.
-_MAX_DEPTH = 128
 
 
 class _Object(list):
@@ -130,9 +128,6 @@ class _Object(list):
 
 def _int(text: str) -> Any:
     """A JSON integer as serde_json reads it: beyond 64 bits, or ``-0``, a float."""
-    if len(text) > 21:
-        # Past 64 bits whatever its digits (and read in time linear in them).
-        return _float(text)
     v = int(text)
     if (v == 0 and text.startswith("-")) or not -(1 << 63) <= v < _U64:
         return _float(text)
@@ -146,33 +141,13 @@ def _float(text: str) -> float:
     return v
 
 
-def _check_json(v: Any, depth: int) -> None:
-    """Refuses what serde_json refuses after Python's ``json`` took it: a string that is not
-    UTF-8 (a lone surrogate escape) and nesting past its limit, anywhere, in ignored fields
-    too."""
-    t = type(v)
-    if t is str:
-        v.encode("utf-8")
-    elif t is _Object or t is list:
-        if depth >= _MAX_DEPTH:
-            raise ValueError(f"nested more than {_MAX_DEPTH} levels")
-        for x in v:
-            if t is _Object:
-                x[0].encode("utf-8")
-                _check_json(x[1], depth + 1)
-            else:
-                _check_json(x, depth + 1)
-
-
 def _json(text: str) -> Any:
-    """The header's JSON as safetensors' serde_json reads it: objects as ``_Object`` pairs (a
-    repeated key is for the caller to judge), integers past 64 bits and ``-0`` as floats, out
-    of range numbers, NaN, lone surrogates and too deep nesting refused (``ValueError``,
-    ``UnicodeEncodeError``, ``RecursionError``)."""
-    v = json.loads(text, object_pairs_hook=_Object, parse_int=_int, parse_float=_float,
-                   parse_constant=_no_constant)
-    _check_json(v, 1)
-    return v
+    """The header's JSON, which serde_json has already taken (``safetensors_json_error``: its
+    numbers, escapes and nesting), as safetensors' serde_json reads its values: objects as
+    ``_Object`` pairs (a repeated key is for the caller to judge), integers past 64 bits and
+    ``-0`` as floats."""
+    return json.loads(text, object_pairs_hook=_Object, parse_int=_int, parse_float=_float,
+                      parse_constant=_no_constant)
 
 
 def _read(f: File, n: int, offset: int) -> bytes:
@@ -202,7 +177,8 @@ def _parse_header(f: File) -> Header:
     if fast is not None:
         return Header(path, fast[0], fast[1], 8 + n, data_len)
     # What serde_json refuses in any JSON value (numbers it finds out of range, which Python's
-    # exact reading of them may take), from serde_json itself.
+    # exact reading of them may take; lone surrogate escapes; nesting past 128 levels), from
+    # serde_json itself, anywhere, ignored fields too.
     refused = _native.safetensors_json_error(raw)
     if refused is not None:
         raise _bad(path, f"the header is not JSON ({refused})")
