@@ -9,9 +9,14 @@
 //! the file system would have waited for done apart ([`settle`], [`touch`]), so that the data
 //! path holds device memory only while data moves. A floor under the data path (`io`), the
 //! statistics (`stats`, which count by [`Dir`]) and the submitter (the file size limit): it
-//! imports only `error`, and takes no lock (the file system takes its own).
+//! imports only `error`, and takes no lock of its own (the file system takes its own; the
+//! inode's lock and the freeze protection are taken and given back at once, only to wait for
+//! them: [`wait_elsewhere`]).
 
-use core::ffi::c_void;
+use core::ffi::{
+    c_int,
+    c_void, //
+};
 use kernel::{
     bindings,
     error::to_result,
@@ -37,6 +42,13 @@ unsafe extern "C" {
     fn gdirect_file_ctime(file: *mut c_void) -> bindings::timespec64;
     fn gdirect_file_nocmtime(file: *mut c_void) -> bool;
     fn gdirect_file_iversion_need_inc(file: *mut c_void) -> bool;
+    // `inode_trylock_shared()`, `inode_lock_shared_killable()`, `inode_unlock_shared()` of the
+    // file's inode.
+    fn gdirect_file_inode_trylock_shared(file: *mut c_void) -> bool;
+    fn gdirect_file_inode_lock_shared_killable(file: *mut c_void) -> c_int;
+    fn gdirect_file_inode_unlock_shared(file: *mut c_void);
+    // `FMODE_NOWAIT` of the file's mode.
+    fn gdirect_file_nowait(file: *mut c_void) -> bool;
 }
 
 /// The calling task's `RLIMIT_FSIZE` (`u64::MAX` for none).
@@ -349,6 +361,64 @@ pub(crate) fn times_stale(file: &File) -> bool {
             || !same(gdirect_file_ctime(f.cast()))
             || gdirect_file_iversion_need_inc(f.cast())
     }
+}
+
+/// Whether the file's file system tries an I/O without waiting where asked (`FMODE_NOWAIT`, as
+/// `kiocb_set_rw_flags()` requires for `RWF_NOWAIT`): where it does not, `IOCB_NOWAIT` may be
+/// refused or waited through.
+pub(crate) fn file_nowait(file: &File) -> bool {
+    // SAFETY: `file` is a valid, referenced file; its mode bit is set at open.
+    unsafe { gdirect_file_nowait(file.as_ptr().cast()) }
+}
+
+/// Whether an I/O of `dir` tried with [`Wait::NoWait`] and refused (`EAGAIN`) may have met what
+/// another task can hold for as long as it likes: the file's inode lock (`i_rwsem`, which ext4's
+/// and XFS's reads and writes take) held exclusive, or awaited (a shared try fails behind any
+/// waiter), as a buffered writer stalled in its copy from a page that faults into a userfaultfd
+/// holds it; or, for a write, a freeze of its file system. Each is tried, and given back at once
+/// where taken. (A write the file system takes the lock exclusive for, as ext4 does an extending
+/// or unaligned one, also waits behind tasks that hold it shared; that is not looked at here:
+/// XFS writes an aligned one, extending too, under the lock shared, and a wait for the lock
+/// exclusive would hold up every reader of the file behind it.)
+pub(crate) fn held_elsewhere(file: &File, dir: Dir) -> bool {
+    let f = file.as_ptr().cast();
+    // SAFETY: `f` is a valid, referenced file, whose inode lives as long as it; what a try takes
+    // is given back at once, and the caller holds neither (nor any lock of its own).
+    unsafe {
+        if dir == Dir::Write {
+            if !gdirect_file_start_write_trylock(f) {
+                return true;
+            }
+            gdirect_file_end_write(f);
+        }
+        if gdirect_file_inode_trylock_shared(f) {
+            gdirect_file_inode_unlock_shared(f);
+            return false;
+        }
+        true
+    }
+}
+
+/// Waits for what [`held_elsewhere`] looks at, in turn, and gives each back once taken: for a
+/// write, a freeze of the file system to end (`file_start_write()`, as a write waits), then the
+/// inode lock, shared. For a caller that holds nothing another task needs (a bounced chunk goes
+/// back to the pool first). The wait lasts as long as another task holds the lock (one stalled
+/// on a page fault into a userfaultfd, for ever) or the file system stays frozen; a fatal signal
+/// ends the lock's wait (`EINTR`).
+pub(crate) fn wait_elsewhere(file: &File, dir: Dir) -> Result {
+    let f = file.as_ptr().cast();
+    // SAFETY: `f` is a valid, referenced file, whose inode lives as long as it; the caller holds
+    // no lock (nor the inode's, nor the file system's freeze protection), so each wait makes no
+    // lock order; what is taken is given back right after, by this task.
+    unsafe {
+        if dir == Dir::Write {
+            gdirect_file_start_write(f);
+            gdirect_file_end_write(f);
+        }
+        to_result(gdirect_file_inode_lock_shared_killable(f))?;
+        gdirect_file_inode_unlock_shared(f);
+    }
+    Ok(())
 }
 
 /// Does, with no use of the memory held, what a direct I/O of `len` bytes at `pos` waits for

@@ -24,9 +24,10 @@
 //! This is the top of the data path: `batch` and `file` run transfers; nothing here is imported
 //! below it. A direct chunk takes room in the user's share of the storage (`users`' gate), then
 //! a use of the pages with its size (`RegShared::inner`); a bounced chunk takes a chunk of the
-//! pool first (`bounce`), then room in the user's share for its I/O, then a plain use for its
-//! copy. Each lock is held only to count or to wait (a condition variable lets it go), never
-//! two at once, and none across the I/O itself.
+//! pool first (`bounce`), then a plain use for its copy and room in the user's share for its I/O
+//! (a write's copy before its I/O, a read's after), one at a time; it waits for a busy inode
+//! lock or a freeze with none of them held (`dio::wait_elsewhere`). Each lock is held only to count or to
+//! wait (a condition variable lets it go), never two at once, and none across the I/O itself.
 
 use core::{ffi::c_void, num::NonZeroU64};
 use kernel::{
@@ -52,12 +53,15 @@ use crate::{
     bounce,
     dio::{
         direct_io,
+        file_nowait,
+        held_elsewhere,
         notify,
         open_for,
         settle,
         times_stale,
         touch,
         verify,
+        wait_elsewhere,
         write_limits,
         Dir,
         Wait, //
@@ -111,6 +115,11 @@ const SETTLES: u32 = 3;
 /// at them when the clock ticks in between, which a busy machine that deschedules the task
 /// there makes likely (the rig saw a whole write bounce so, its three settles each met a tick).
 const TOUCHES: u32 = 8;
+
+/// How many times a bounced chunk refused at a busy inode lock gives its chunk of the pool back
+/// and waits for the lock without it, before bytes move, until its I/O waits with the chunk
+/// held: another task that takes the lock again each time in between must win every race.
+const LOCK_WAITS: u32 = 8;
 
 /// What a transfer did.
 pub(crate) struct Outcome {
@@ -690,56 +699,113 @@ impl Transfer {
 
     /// Bytes `start..end` of the transfer through the bounce pool, one chunk at a time. Returns
     /// where it stopped and whether a chunk came back short there (a read's end of file).
+    ///
+    /// A chunk of the pool is held while its I/O waits, so the pool (`bounce_buffers`, shared by
+    /// every user) must not wait for what another task may hold for ever: the inode lock of a
+    /// file whose buffered writer is stalled on a page fault into a userfaultfd or a stalled
+    /// FUSE file, a fanotify listener's answer, a freeze. So the permission checks are made and
+    /// a write's times updated ([`touch`], which waits for a freeze) before the chunk is taken,
+    /// and a regular file's I/O is tried without waiting ([`Wait::NoWait`]) where its file
+    /// system offers that (`FMODE_NOWAIT`: ext4, XFS, btrfs, f2fs; not FUSE); refused (`EAGAIN`)
+    /// while the file's inode lock is held exclusive or awaited by another task, or a write's
+    /// file system is frozen ([`held_elsewhere`]), the chunk goes back to the pool, that is
+    /// waited for without it ([`wait_elsewhere`]) and the chunk tried again, up to
+    /// [`LOCK_WAITS`] times before bytes move. Refused for anything else (dirty page cache to
+    /// write back, extents to read in, blocks to allocate, a file ext4 writes through its page
+    /// cache, `EOPNOTSUPP`), the same chunk's I/O waits: the file system's waits on its own I/O,
+    /// and a write's for the lock exclusive behind tasks that hold it shared (ext4's extending
+    /// and unaligned writes; see [`held_elsewhere`]). A task that takes the lock again between
+    /// the look and that I/O keeps the chunk waiting, as does a file system that waits where
+    /// asked not to.
+    ///
+    /// An I/O tried without waiting may stop short where the file system would have waited (a
+    /// page cache read at a page it would read in; a buffered write, as XFS makes a reflinked
+    /// file's unaligned write, at a block it would read in, or at the dirty page limit): a
+    /// block-aligned count goes on from there, as in [`Self::direct`] (a read that stopped at
+    /// the end of the file finds it again and moves nothing).
     fn bounce_range(&self, start: u64, mut end: u64) -> Result<(u64, bool)> {
         let pool = bounce::pool()?;
         let mut done = start;
+        let nowait = self.target.regular && file_nowait(&self.file);
+        // Waits made with no chunk held ([`wait_elsewhere`]), since bytes last moved.
+        let mut lock_waits = 0;
         while done < end {
-            let chunk = pool.acquire(&self.reg.user)?;
-            let mut n = (end - done).min(chunk.capacity());
+            let mut n = (end - done).min(bounce::CHUNK_BYTES);
             let (pos, buf) = (self.file_offset + done, self.buf_offset + done);
-            let moved = match self.dir {
-                Dir::Read => {
-                    let bvecs = chunk.bvecs(n)?;
-                    let checked = verify(&self.file, Dir::Read, pos, n)?;
-                    let got = {
-                        let _io = self.reg.user.start_io(n)?;
-                        direct_io(&self.file, &checked, pos, bvecs.as_slice(), n, Wait::Block)
-                    };
-                    notify(&self.file, Dir::Read, &got);
-                    let got = got?;
-                    {
-                        let _use = self.reg.shared.begin_use()?;
-                        copy_device(&self.reg, buf, got, |off, dev, n| {
-                            // SAFETY: `dev` addresses `n` bytes of mapped memory (`copy_device`).
-                            unsafe { chunk.copy_out(off, dev, n) }
-                        })?;
-                    }
-                    // Copied into a BAR that still decodes: else ENODEV (no use held).
-                    self.owner_present()?;
-                    got
+            let checked = verify(&self.file, self.dir, pos, n)?;
+            let mut wait = if nowait && lock_waits < LOCK_WAITS {
+                Wait::NoWait
+            } else {
+                Wait::Block
+            };
+            if self.dir == Dir::Write && wait == Wait::NoWait {
+                touch(&self.file);
+            }
+            let chunk = pool.acquire(&self.reg.user)?;
+            if self.dir == Dir::Write {
+                {
+                    let _use = self.reg.shared.begin_use()?;
+                    copy_device(&self.reg, buf, n, |off, dev, len| {
+                        // SAFETY: `dev` addresses `len` bytes of mapped memory (`copy_device`).
+                        unsafe { chunk.copy_in(off, dev, len) }
+                    })?;
                 }
-                Dir::Write => {
-                    {
-                        let _use = self.reg.shared.begin_use()?;
-                        copy_device(&self.reg, buf, n, |off, dev, len| {
-                            // SAFETY: `dev` addresses `len` bytes of mapped memory (`copy_device`).
-                            unsafe { chunk.copy_in(off, dev, len) }
-                        })?;
-                    }
-                    // What a dead BAR returned never reaches the file.
-                    self.owner_present()?;
-                    let checked = verify(&self.file, Dir::Write, pos, n)?;
-                    let _io = self.reg.user.start_io(n)?;
+                // What a dead BAR returned never reaches the file.
+                self.owner_present()?;
+            }
+            let got = {
+                let _io = self.reg.user.start_io(n)?;
+                if self.dir == Dir::Write {
                     (end, n) = self.limit_first(done, end, n)?;
-                    let bvecs = chunk.bvecs(n)?;
-                    let wrote =
-                        direct_io(&self.file, &checked, pos, bvecs.as_slice(), n, Wait::Block);
-                    notify(&self.file, Dir::Write, &wrote);
-                    wrote?
+                }
+                let bvecs = chunk.bvecs(n)?;
+                loop {
+                    let got = direct_io(&self.file, &checked, pos, bvecs.as_slice(), n, wait);
+                    notify(&self.file, self.dir, &got);
+                    match got {
+                        Err(e)
+                            if wait == Wait::NoWait
+                                && e == EAGAIN
+                                && held_elsewhere(&self.file, self.dir) =>
+                        {
+                            break None;
+                        }
+                        Err(e)
+                            if wait == Wait::NoWait
+                                && (e == EAGAIN || e == error::fs_unsupported()) =>
+                        {
+                            wait = Wait::Block;
+                        }
+                        got => break Some(got?),
+                    }
                 }
             };
-            done += moved;
-            if moved < n {
+            let Some(got) = got else {
+                drop(chunk);
+                lock_waits += 1;
+                wait_elsewhere(&self.file, self.dir)?;
+                continue;
+            };
+            if self.dir == Dir::Read {
+                {
+                    let _use = self.reg.shared.begin_use()?;
+                    copy_device(&self.reg, buf, got, |off, dev, n| {
+                        // SAFETY: `dev` addresses `n` bytes of mapped memory (`copy_device`).
+                        unsafe { chunk.copy_out(off, dev, n) }
+                    })?;
+                }
+                // Copied into a BAR that still decodes: else ENODEV (no use held).
+                self.owner_present()?;
+            }
+            drop(chunk);
+            done += got;
+            if got > 0 {
+                lock_waits = 0;
+            }
+            // Stopped short without waiting: on from there, block-aligned (see above).
+            let partial =
+                wait == Wait::NoWait && got > 0 && got % self.target.logical_block_size == 0;
+            if got < n && !partial {
                 return Ok((done, true));
             }
         }

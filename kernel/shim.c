@@ -85,6 +85,35 @@ bool gdirect_file_start_write_trylock(void *file)
 	return file_start_write_trylock(file);
 }
 
+/*
+ * inode_trylock_shared(), inode_lock_shared_killable() and inode_unlock_shared()
+ * are inline; file: struct file *, whose inode's lock they take
+ */
+bool gdirect_file_inode_trylock_shared(void *file);
+bool gdirect_file_inode_trylock_shared(void *file)
+{
+	return inode_trylock_shared(file_inode(file));
+}
+
+int gdirect_file_inode_lock_shared_killable(void *file);
+int gdirect_file_inode_lock_shared_killable(void *file)
+{
+	return inode_lock_shared_killable(file_inode(file));
+}
+
+void gdirect_file_inode_unlock_shared(void *file);
+void gdirect_file_inode_unlock_shared(void *file)
+{
+	inode_unlock_shared(file_inode(file));
+}
+
+/* FMODE_NOWAIT is a macro; file: struct file * */
+bool gdirect_file_nowait(void *file);
+bool gdirect_file_nowait(void *file)
+{
+	return ((struct file *)file)->f_mode & FMODE_NOWAIT;
+}
+
 /* fsnotify_access() and fsnotify_modify() are inline; file: struct file * */
 void gdirect_fsnotify_access(void *file);
 void gdirect_fsnotify_access(void *file)

@@ -14,16 +14,25 @@
 # emulated GPU's free, not the module, is timed), and the transfer, once the lock is let go,
 # fails with EKEYREVOKED (its memory is gone) rather than moving data. On the old module the
 # free waited until the fault was served (5008 ms: `free_done_while_write_stalled=false`).
+#
+# Nor does the bounce pool, which every user's bounced transfers share, wait on such a lock:
+# with the module loaded with bounce_buffers=1, a bounced read of the file, or a bounced write
+# to it, meets the lock, and meanwhile a bounced read of another file must get the pool's one
+# chunk (within 5 s, every byte right: its slot poisoned first); once the lock is let go, the
+# stalled transfer moves every byte right. The old module held the chunk through the wait
+# (`other_done_while_stalled=false`).
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 mnt=/mnt/gdirect-lock-stall
 trap '_unload_all; umount "$mnt" 2>/dev/null' EXIT
 _require_root
 _require_cmd mke2fs mkfs.xfs gdirect-reg
-_load_all || ktap_exit_fail_msg "cannot load the modules"
+_unload_all
+insmod "$GDIRECT_MODULE" bounce_buffers=1 && _egpu_insmod ||
+	ktap_exit_fail_msg "cannot load the modules (bounce_buffers=1)"
 
 ktap_print_header
-ktap_set_plan 10
+ktap_set_plan 18
 
 for fs in ext4 xfs; do
 	_fs_setup "$fs"
@@ -38,6 +47,18 @@ for fs in ext4 xfs; do
 		_test "$fs $dir: the transfer then failed, its memory gone" \
 			_expect_eq io EKEYREVOKED "$(_kv "$out" io)"
 		rm -f "$mnt/f"
+	done
+	for dir in read write; do
+		dd if=/dev/urandom of="$mnt/f" bs=1M count=4 status=none &&
+			dd if=/dev/urandom of="$mnt/g" bs=1M count=1 status=none && sync
+		out=$(gdirect-reg bounce-stall lock "$dir" "$mnt/f" "$mnt/g" 2>&1)
+		echo "$out" | while read -r l; do ktap_print_msg "$fs bounced $dir: $l"; done
+		_test "$fs bounced $dir: the transfer was at the lock, and another file's bounced read got the pool's one chunk meanwhile, every byte right" \
+			_expect_eq "faulted blocked other right" "true true true true" \
+			"$(_kv "$out" holder_faulted) $(_kv "$out" stalled) $(_kv "$out" other_done_while_stalled) $(_kv "$out" other_bytes_right)"
+		_test "$fs bounced $dir: once the lock went, the stalled transfer moved every byte right" \
+			_expect_eq "io right" "65536 true" "$(_kv "$out" io) $(_kv "$out" stalled_bytes_right)"
+		rm -f "$mnt/f" "$mnt/g"
 	done
 	umount "$mnt"
 done

@@ -14,6 +14,13 @@
 # the transfer fails with EKEYREVOKED (its memory is gone) rather than moving data, and nothing
 # stays registered. On the module that called vfs_iocb_iter_read/_write with the use held, the
 # free waited for the answer (free_done_while_unanswered=false).
+#
+# Nor does the bounce pool, which every user's bounced transfers share, wait for a listener:
+# with the module loaded with bounce_buffers=1, a bounced read or write of the file waits for
+# its unanswered event, and meanwhile a bounced read of another file must get the pool's one
+# chunk (within 5 s, every byte right: its slot poisoned first); once the event is answered, the
+# stalled transfer moves every byte right. The old module made a bounced chunk's checks with the
+# chunk held (`other_done_while_stalled=false`).
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 mnt=/mnt/gdirect-perm-stall
@@ -22,10 +29,12 @@ _require_root
 _require_cmd mke2fs mkfs.xfs gdirect-reg
 # The rig's kernels have fanotify (kernel/config/gdirect.config), as distribution kernels do.
 [ -e /proc/sys/fs/fanotify/max_user_marks ] || ktap_exit_fail_msg "no fanotify in this kernel (CONFIG_FANOTIFY)"
-_load_all || ktap_exit_fail_msg "cannot load the modules"
+_unload_all
+insmod "$GDIRECT_MODULE" bounce_buffers=1 && _egpu_insmod ||
+	ktap_exit_fail_msg "cannot load the modules (bounce_buffers=1)"
 
 ktap_print_header
-ktap_set_plan 15
+ktap_set_plan 23
 
 for fs in ext4 xfs; do
 	_fs_setup "$fs"
@@ -41,6 +50,18 @@ for fs in ext4 xfs; do
 		_test "$fs $dir: the transfer then failed, its memory gone" \
 			_expect_eq io EKEYREVOKED "$(_kv "$out" io)"
 		rm -f "$mnt/f"
+	done
+	for dir in read write; do
+		dd if=/dev/urandom of="$mnt/f" bs=1M count=4 status=none &&
+			dd if=/dev/urandom of="$mnt/g" bs=1M count=1 status=none && sync
+		out=$(gdirect-reg bounce-stall perm "$dir" "$mnt/f" "$mnt/g" 2>&1)
+		echo "$out" | while read -r l; do ktap_print_msg "$fs bounced $dir: $l"; done
+		_test "$fs bounced $dir: the transfer was at its event, and another file's bounced read got the pool's one chunk meanwhile, every byte right" \
+			_expect_eq "stalled other right" "true true true" \
+			"$(_kv "$out" stalled) $(_kv "$out" other_done_while_stalled) $(_kv "$out" other_bytes_right)"
+		_test "$fs bounced $dir: once answered, the stalled transfer moved every byte right" \
+			_expect_eq "io right" "65536 true" "$(_kv "$out" io) $(_kv "$out" stalled_bytes_right)"
+		rm -f "$mnt/f" "$mnt/g"
 	done
 	umount "$mnt"
 done

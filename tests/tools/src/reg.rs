@@ -71,6 +71,12 @@
 //!                                  userfaultfd (`transfer_blocked=`: its thread asleep in the
 //!                                  kernel), and the memory freed meanwhile (see the function)
 //!                                  while the memory is freed: the free must not wait for it
+//!   bounce-stall lock|perm read|write FILE OTHER
+//!                                  (the module loaded with bounce_buffers=1) a bounced transfer
+//!                                  of FILE (ext4 or XFS) meeting its inode's lock held by a
+//!                                  stalled buffered write (lock) or a fanotify permission event
+//!                                  nobody answers yet (perm), and meanwhile a bounced read of
+//!                                  OTHER, which must get the pool's one chunk (see the function)
 //!   perm-stall read|write FILE     a transfer between FILE (ext4 or XFS) and GPU memory meeting
 //!                                  a fanotify permission event nobody answers yet (read: an
 //!                                  on-access scanner's FAN_ACCESS_PERM; write: a storage
@@ -208,6 +214,18 @@ fn main() -> ExitCode {
             (Some("write"), Some(path)) => lock_stall(path, true),
             _ => return usage(),
         },
+        (Some("bounce-stall"), _) => {
+            let stall = match arg(1) {
+                Some("lock") => Stall::Lock,
+                Some("perm") => Stall::Perm,
+                _ => return usage(),
+            };
+            match (arg(2), arg(3), arg(4)) {
+                (Some("read"), Some(path), Some(other)) => bounce_stall(stall, path, other, false),
+                (Some("write"), Some(path), Some(other)) => bounce_stall(stall, path, other, true),
+                _ => return usage(),
+            }
+        }
         (Some("callback-locked"), _) => match (num(1), peer(2), arg(3)) {
             (Some(rounds), Some(p), Some(dev)) => callback_locked(rounds, p, dev),
             _ => return usage(),
@@ -1248,8 +1266,19 @@ impl StalledPage {
         Ok(Self { page, uffd })
     }
 
-    /// Waits for the page's fault: true once a copy is stalled on it.
+    /// Waits for the page's fault, up to 10 s: true once a copy is stalled on it.
     fn faulted(&self) -> bool {
+        use std::os::fd::AsFd;
+        let mut pfd = [nix::poll::PollFd::new(
+            self.uffd.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        if !matches!(
+            nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(10_000u16)),
+            Ok(1..)
+        ) {
+            return false;
+        }
         let mut msg = [0u8; 32];
         nix::unistd::read(&self.uffd, &mut msg).is_ok_and(|n| n == 32)
     }
@@ -1452,6 +1481,164 @@ fn lock_stall(path: &str, write: bool) -> gdirect::Result<()> {
         report_io(r);
         Ok::<(), Error>(())
     })?;
+    drop(reg);
+    Ok(())
+}
+
+/// What keeps a transfer waiting in [`bounce_stall`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stall {
+    /// The file's inode lock, held by a buffered write stalled on its source page, which faults
+    /// into a userfaultfd nobody serves yet (as in [`lock_stall`]).
+    Lock,
+    /// A fanotify permission event nobody answers yet (as in [`perm_stall`]).
+    Perm,
+}
+
+/// A bounced transfer of 64 KiB between FILE (ext4 or XFS; read into GPU memory, or written
+/// from it at 1 MiB) is kept waiting by `stall`; the module is loaded with `bounce_buffers=1`, so the pool has one chunk.
+/// Meanwhile a bounced read of 64 KiB of OTHER, another file, must get that chunk: the stalled
+/// transfer waits without it. Prints `stalled=` (the transfer is at the stall: its thread asleep
+/// in the kernel, or its permission event read by the listener), `other_done_while_stalled=`
+/// (the other read ended within 5 s, the stall still in place), `other=` (its bytes, or its
+/// errno) and `other_bytes_right=` (its slot, poisoned first, against OTHER's bytes); then, the
+/// stall ended, `io=` (the stalled transfer's bytes) and `stalled_bytes_right=` (a read's slot
+/// against FILE as it is then, after the buffered write; a write's bytes read back from FILE).
+fn bounce_stall(stall: Stall, path: &str, other: &str, write: bool) -> gdirect::Result<()> {
+    use std::sync::atomic::AtomicBool;
+    const LEN: u64 = 64 << 10;
+    const WRITE_AT: u64 = 1 << 20;
+    let (slot, other_slot) = (0, 2 << 20);
+    let fail = alloc_error;
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let mut alloc = gpu.alloc(64 * EGPU_PAGE)?;
+    alloc.write(0, &vec![0xa5u8; (64 * EGPU_PAGE) as usize])?;
+    let pattern: Vec<u8> = (0..LEN).map(|i| (i * 7 + 3) as u8).collect();
+    if write {
+        alloc.write(slot, &pattern)?;
+    }
+    let reg = driver.register(&alloc)?;
+    let bounced = gdirect::IoOptions::new().force_bounce(true);
+    // Marked before the file is opened for the transfer (see `PermListener::new`).
+    let listener = match stall {
+        Stall::Perm => Some(PermListener::new(path, write)?),
+        Stall::Lock => None,
+    };
+    let direct = if write {
+        gdirect::File::open_direct_rw(path)?
+    } else {
+        gdirect::File::open_direct(path)?
+    };
+    let other_file = gdirect::File::open_direct(other)?;
+    // The buffered writer's file and its stalled source page.
+    let holder = match stall {
+        Stall::Lock => Some((
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| {
+                    fail("the file, for buffered writes")(Errno::from_raw(
+                        e.raw_os_error().unwrap_or(5),
+                    ))
+                })?,
+            StalledPage::new()?,
+        )),
+        Stall::Perm => None,
+    };
+    let done = AtomicBool::new(false);
+    let (stalled_io, other_io) = std::thread::scope(|s| {
+        let holder = holder.as_ref().map(|(buffered, stalled)| {
+            // SAFETY: the page is mapped and readable; the kernel's copy out of it faults into
+            // the userfaultfd first.
+            let page: &[u8] =
+                unsafe { std::slice::from_raw_parts(stalled.page.as_ptr().cast(), 4096) };
+            let w = s.spawn(move || nix::sys::uio::pwrite(buffered, page, 0));
+            println!("holder_faulted={}", stalled.faulted());
+            (w, stalled)
+        });
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (reg, direct, done) = (&reg, &direct, &done);
+        let transfer = s.spawn(move || {
+            let _ = tid_tx.send(nix::unistd::gettid());
+            let r = if write {
+                direct.write_from_with(reg, slot, WRITE_AT, LEN, bounced)
+            } else {
+                direct.read_into_with(reg, slot, 0, LEN, bounced)
+            }
+            .map(|t| t.bytes);
+            done.store(true, Ordering::Release);
+            r
+        });
+        let first = listener.as_ref().map(|l| l.wait(Duration::from_secs(10)));
+        let at_stall = match &first {
+            Some(events) => !events.is_empty(),
+            None => tid_rx
+                .recv_timeout(Duration::from_secs(5))
+                .ok()
+                .is_some_and(|tid| blocked_in_kernel(tid, Duration::from_secs(5))),
+        };
+        println!("stalled={at_stall}");
+        // The other read, on a thread of its own: it must end while the stall is in place.
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let other_file = &other_file;
+        let reader = s.spawn(move || {
+            let r = other_file
+                .read_into_with(reg, other_slot, 0, LEN, bounced)
+                .map(|t| t.bytes);
+            let _ = done_tx.send(());
+            r
+        });
+        let early = done_rx.recv_timeout(Duration::from_secs(5)).is_ok();
+        println!("other_done_while_stalled={early}");
+        if let Some((w, stalled)) = holder {
+            println!("served={}", stalled.serve().is_ok());
+            let w = w.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            println!(
+                "holder={}",
+                w.map_or_else(|e| e.to_string(), |n| n.to_string())
+            );
+        }
+        if let (Some(l), Some(first)) = (&listener, first) {
+            l.allow(first);
+            // Every later event answered at once, until the transfer ends.
+            while !done.load(Ordering::Acquire) {
+                l.allow(l.wait(Duration::from_millis(50)));
+            }
+        }
+        let join = |h: std::thread::ScopedJoinHandle<'_, gdirect::Result<u64>>| {
+            h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+        };
+        (join(transfer), join(reader))
+    });
+    let slot_right = |at: u64, want: &[u8]| {
+        let mut got = vec![0u8; want.len()];
+        alloc.read(at, &mut got).is_ok() && got == want
+    };
+    let file_bytes = |p: &str, at: u64| {
+        let mut f = File::open(p).ok()?;
+        let mut b = vec![0u8; LEN as usize];
+        f.seek(SeekFrom::Start(at)).ok()?;
+        f.read_exact(&mut b).ok()?;
+        Some(b)
+    };
+    // Its events answered (a read-back of the file would wait for one): the listener closed.
+    drop(listener);
+    match &other_io {
+        Ok(n) => println!("other={n}"),
+        Err(e) => println!("other={:?}", e.errno()),
+    }
+    let other_right = other_io.as_ref().is_ok_and(|&n| n == LEN)
+        && file_bytes(other, 0).is_some_and(|want| slot_right(other_slot, &want));
+    println!("other_bytes_right={other_right}");
+    let stalled_right = stalled_io.as_ref().is_ok_and(|&n| n == LEN)
+        && if write {
+            file_bytes(path, WRITE_AT).is_some_and(|got| got == pattern)
+        } else {
+            file_bytes(path, 0).is_some_and(|want| slot_right(slot, &want))
+        };
+    report_io(stalled_io);
+    println!("stalled_bytes_right={stalled_right}");
     drop(reg);
     Ok(())
 }
