@@ -51,18 +51,7 @@ for fs in ext4 xfs; do
 			_expect_eq io EKEYREVOKED "$(_kv "$out" io)"
 		rm -f "$mnt/f"
 	done
-	for dir in read write; do
-		dd if=/dev/urandom of="$mnt/f" bs=1M count=4 status=none &&
-			dd if=/dev/urandom of="$mnt/g" bs=1M count=1 status=none && sync
-		out=$(gdirect-reg bounce-stall perm "$dir" "$mnt/f" "$mnt/g" 2>&1)
-		echo "$out" | while read -r l; do ktap_print_msg "$fs bounced $dir: $l"; done
-		_test "$fs bounced $dir: the transfer was at its event, and another file's bounced read got the pool's one chunk meanwhile, every byte right" \
-			_expect_eq "stalled other right" "true true true" \
-			"$(_kv "$out" stalled) $(_kv "$out" other_done_while_stalled) $(_kv "$out" other_bytes_right)"
-		_test "$fs bounced $dir: once answered, the stalled transfer moved every byte right" \
-			_expect_eq "io right" "65536 true" "$(_kv "$out" io) $(_kv "$out" stalled_bytes_right)"
-		rm -f "$mnt/f" "$mnt/g"
-	done
+	_bounce_stall_cases "$fs" "$mnt" perm "its event" "answered"
 	umount "$mnt"
 done
 _test "nothing stays registered or pinned (module, kernel, emulated GPU)" _expect_unpinned

@@ -471,6 +471,28 @@ _fs_setup() {
 	FS_DEV=$(_nvme_ns_by_serial "$GDIRECT_NVME0_SERIAL" $_fs_nsid) || ktap_exit_fail_msg "no namespace $_fs_nsid"
 }
 
+# The bounce pool under a stall (fs_lock_stall.sh, fs_perm_stall.sh; the module loaded with
+# bounce_buffers=1): on file system $1 mounted on $2, a bounced read and a bounced write of a
+# file kept waiting by `gdirect-reg bounce-stall $3` (lock: a stalled buffered writer's inode
+# lock; perm: an unanswered fanotify event), "$4" naming what it waits at; meanwhile another
+# file's bounced read must get the pool's one chunk, every byte right, and the stalled transfer,
+# once "$5", must move every byte right. Two tests for each direction.
+_bounce_stall_cases() {
+	local fs=$1 mnt=$2 kind=$3 at=$4 then=$5 dir out
+	for dir in read write; do
+		dd if=/dev/urandom of="$mnt/f" bs=1M count=4 status=none &&
+			dd if=/dev/urandom of="$mnt/g" bs=1M count=1 status=none && sync
+		out=$(gdirect-reg bounce-stall "$kind" "$dir" "$mnt/f" "$mnt/g" 2>&1)
+		echo "$out" | while read -r l; do ktap_print_msg "$fs bounced $dir: $l"; done
+		_test "$fs bounced $dir: the transfer was at $at, and another file's bounced read got the pool's one chunk meanwhile, every byte right" \
+			_expect_eq "stalled other right" "true true true" \
+			"$(_kv "$out" stalled) $(_kv "$out" other_done_while_stalled) $(_kv "$out" other_bytes_right)"
+		_test "$fs bounced $dir: once $then, the stalled transfer moved every byte right" \
+			_expect_eq "io right" "65536 true" "$(_kv "$out" io) $(_kv "$out" stalled_bytes_right)"
+		rm -f "$mnt/f" "$mnt/g"
+	done
+}
+
 # Makes file system $1 on $2 and mounts it on $3.
 _fs_make() {
 	case $1 in
