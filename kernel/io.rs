@@ -729,10 +729,17 @@ impl Transfer {
         let nowait = self.target.regular && file_nowait(&self.file);
         // Waits made with no chunk held ([`wait_elsewhere`]), since bytes last moved.
         let mut lock_waits = 0;
+        // The range checked before such a wait, kept for the try after it: as a `read(2)` or
+        // `write(2)` that waits for the inode's lock, a chunk is checked (and a listener for
+        // permission events asked) once, however long it waits.
+        let mut verified = None;
         while done < end {
             let mut n = (end - done).min(bounce::CHUNK_BYTES);
             let (pos, buf) = (self.file_offset + done, self.buf_offset + done);
-            let checked = verify(&self.file, self.dir, pos, n)?;
+            let checked = match verified.take() {
+                Some(checked) => checked,
+                None => verify(&self.file, self.dir, pos, n)?,
+            };
             let mut wait = if nowait && lock_waits < LOCK_WAITS {
                 Wait::NoWait
             } else {
@@ -783,6 +790,7 @@ impl Transfer {
             let Some(got) = got else {
                 drop(chunk);
                 lock_waits += 1;
+                verified = Some(checked);
                 wait_elsewhere(&self.file, self.dir)?;
                 continue;
             };
