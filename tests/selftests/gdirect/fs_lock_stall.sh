@@ -32,7 +32,7 @@ insmod "$GDIRECT_MODULE" bounce_buffers=1 && _egpu_insmod ||
 	ktap_exit_fail_msg "cannot load the modules (bounce_buffers=1)"
 
 ktap_print_header
-ktap_set_plan 18
+ktap_set_plan 22
 
 for fs in ext4 xfs; do
 	_fs_setup "$fs"

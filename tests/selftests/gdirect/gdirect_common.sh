@@ -476,7 +476,8 @@ _fs_setup() {
 # file kept waiting by `gdirect-reg bounce-stall $3` (lock: a stalled buffered writer's inode
 # lock; perm: an unanswered fanotify event), "$4" naming what it waits at; meanwhile another
 # file's bounced read must get the pool's one chunk, every byte right, and the stalled transfer,
-# once "$5", must move every byte right. Two tests for each direction.
+# once "$5", must move every byte right. Two tests for each direction, and at the lock a third:
+# the transfer's range checked once across its wait.
 _bounce_stall_cases() {
 	local fs=$1 mnt=$2 kind=$3 at=$4 then=$5 dir out
 	for dir in read write; do
@@ -489,6 +490,12 @@ _bounce_stall_cases() {
 			"$(_kv "$out" stalled) $(_kv "$out" other_done_while_stalled) $(_kv "$out" other_bytes_right)"
 		_test "$fs bounced $dir: once $then, the stalled transfer moved every byte right" \
 			_expect_eq "io right" "65536 true" "$(_kv "$out" io) $(_kv "$out" stalled_bytes_right)"
+		# A listener answering at once counts the transfer's permission events: its range is
+		# checked once, as a read(2) or write(2) that waits for the lock is, not once per wait.
+		if [ "$kind" = lock ]; then
+			_test "$fs bounced $dir: its range was checked once across the lock wait (one fanotify permission event)" \
+				_expect_eq "checks" "1" "$(_kv "$out" checks)"
+		fi
 		rm -f "$mnt/f" "$mnt/g"
 	done
 }

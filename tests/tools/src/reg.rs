@@ -1504,6 +1504,9 @@ enum Stall {
 /// errno) and `other_bytes_right=` (its slot, poisoned first, against OTHER's bytes); then, the
 /// stall ended, `io=` (the stalled transfer's bytes) and `stalled_bytes_right=` (a read's slot
 /// against FILE as it is then, after the buffered write; a write's bytes read back from FILE).
+/// At the lock, a second fanotify listener answers every permission event at once and counts
+/// the transfer thread's: `checks=`, how many times the range was checked (once, however many
+/// times the transfer waited for the lock).
 fn bounce_stall(stall: Stall, path: &str, other: &str, write: bool) -> gdirect::Result<()> {
     use std::sync::atomic::AtomicBool;
     const LEN: u64 = 64 << 10;
@@ -1522,8 +1525,14 @@ fn bounce_stall(stall: Stall, path: &str, other: &str, write: bool) -> gdirect::
     let bounced = gdirect::IoOptions::new().force_bounce(true);
     // Marked before the file is opened for the transfer (see `PermListener::new`).
     let listener = match stall {
-        Stall::Perm => Some(PermListener::new(path, write)?),
+        Stall::Perm => Some(PermListener::new(path, write, false)?),
         Stall::Lock => None,
+    };
+    // At the lock, a listener that answers every event at once and names its thread: how many
+    // times the transfer's range is checked (one event each).
+    let answering = match stall {
+        Stall::Lock => Some(PermListener::new(path, write, true)?),
+        Stall::Perm => None,
     };
     let direct = if write {
         gdirect::File::open_direct_rw(path)?
@@ -1547,7 +1556,19 @@ fn bounce_stall(stall: Stall, path: &str, other: &str, write: bool) -> gdirect::
         Stall::Perm => None,
     };
     let done = AtomicBool::new(false);
-    let (stalled_io, other_io) = std::thread::scope(|s| {
+    let (stalled_io, other_io, checks) = std::thread::scope(|s| {
+        let done = &done;
+        let answerer = answering.as_ref().map(|l| {
+            s.spawn(move || {
+                let mut asked = Vec::new();
+                while !done.load(Ordering::Acquire) {
+                    let events = l.wait(Duration::from_millis(20));
+                    asked.extend(events.iter().map(|e| e.1));
+                    l.allow(events);
+                }
+                asked
+            })
+        });
         let holder = holder.as_ref().map(|(buffered, stalled)| {
             // SAFETY: the page is mapped and readable; the kernel's copy out of it faults into
             // the userfaultfd first.
@@ -1558,7 +1579,7 @@ fn bounce_stall(stall: Stall, path: &str, other: &str, write: bool) -> gdirect::
             (w, stalled)
         });
         let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-        let (reg, direct, done) = (&reg, &direct, &done);
+        let (reg, direct) = (&reg, &direct);
         let transfer = s.spawn(move || {
             let _ = tid_tx.send(nix::unistd::gettid());
             let r = if write {
@@ -1570,13 +1591,11 @@ fn bounce_stall(stall: Stall, path: &str, other: &str, write: bool) -> gdirect::
             done.store(true, Ordering::Release);
             r
         });
+        let tid = tid_rx.recv_timeout(Duration::from_secs(5)).ok();
         let first = listener.as_ref().map(|l| l.wait(Duration::from_secs(10)));
         let at_stall = match &first {
             Some(events) => !events.is_empty(),
-            None => tid_rx
-                .recv_timeout(Duration::from_secs(5))
-                .ok()
-                .is_some_and(|tid| blocked_in_kernel(tid, Duration::from_secs(5))),
+            None => tid.is_some_and(|tid| blocked_in_kernel(tid, Duration::from_secs(5))),
         };
         println!("stalled={at_stall}");
         // The other read, on a thread of its own: it must end while the stall is in place.
@@ -1609,7 +1628,15 @@ fn bounce_stall(stall: Stall, path: &str, other: &str, write: bool) -> gdirect::
         let join = |h: std::thread::ScopedJoinHandle<'_, gdirect::Result<u64>>| {
             h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
         };
-        (join(transfer), join(reader))
+        let (transfer, reader) = (join(transfer), join(reader));
+        let checks = answerer.map(|a| {
+            let asked = a.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            asked
+                .iter()
+                .filter(|&&t| tid.is_some_and(|tid| tid.as_raw() == t))
+                .count()
+        });
+        (transfer, reader, checks)
     });
     let slot_right = |at: u64, want: &[u8]| {
         let mut got = vec![0u8; want.len()];
@@ -1622,8 +1649,12 @@ fn bounce_stall(stall: Stall, path: &str, other: &str, write: bool) -> gdirect::
         f.read_exact(&mut b).ok()?;
         Some(b)
     };
-    // Its events answered (a read-back of the file would wait for one): the listener closed.
+    // Its events answered (a read-back of the file would wait for one): the listeners closed.
     drop(listener);
+    drop(answering);
+    if let Some(n) = checks {
+        println!("checks={n}");
+    }
     match &other_io {
         Ok(n) => println!("other={n}"),
         Err(e) => println!("other={:?}", e.errno()),
@@ -1732,10 +1763,12 @@ impl PermListener {
     /// `pre`, `FAN_CLASS_PRE_CONTENT` and `FAN_PRE_ACCESS` (a hierarchical storage manager that
     /// fills a range before it is read or written: every read and write). Marked before the file
     /// is opened for the transfer: a file opened while its file system had no permission
-    /// watcher is never asked about (`file_set_fsnotify_mode()`).
-    fn new(path: &str, pre: bool) -> gdirect::Result<Self> {
+    /// watcher is never asked about (`file_set_fsnotify_mode()`). With `tids`, an event names
+    /// the thread that asks (`FAN_REPORT_TID`), not its process.
+    fn new(path: &str, pre: bool, tids: bool) -> gdirect::Result<Self> {
         const FAN_CLASS_CONTENT: u32 = 0x4;
         const FAN_CLASS_PRE_CONTENT: u32 = 0x8;
+        const FAN_REPORT_TID: u32 = 0x100;
         const FAN_ACCESS_PERM: u64 = 0x0002_0000;
         const FAN_PRE_ACCESS: u64 = 0x0010_0000;
         const FAN_MARK_ADD: u32 = 0x1;
@@ -1747,7 +1780,7 @@ impl PermListener {
         // SAFETY: fanotify_init(2) with valid flags; the new descriptor is owned below.
         let raw = unsafe {
             nix::libc::fanotify_init(
-                class | nix::libc::FAN_CLOEXEC,
+                class | nix::libc::FAN_CLOEXEC | if tids { FAN_REPORT_TID } else { 0 },
                 (nix::libc::O_RDONLY | nix::libc::O_LARGEFILE) as u32,
             )
         };
@@ -1773,8 +1806,8 @@ impl PermListener {
         Ok(Self { fd })
     }
 
-    /// Waits (at most `timeout`) for events, and returns the descriptors of those read, with the
-    /// pid of the first (the task that asks).
+    /// Waits (at most `timeout`) for events, and returns the descriptors of those read, each with
+    /// the task that asks (its process, or its thread: `new`'s `tids`).
     fn wait(&self, timeout: Duration) -> Vec<(OwnedFd, i32)> {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let mut events = Vec::new();
@@ -1841,7 +1874,7 @@ fn perm_stall(path: &str, write: bool) -> gdirect::Result<()> {
     let alloc = gpu.alloc(16 * EGPU_PAGE)?;
     let va = alloc.va();
     let reg = driver.register(&alloc)?;
-    let listener = PermListener::new(path, write)?;
+    let listener = PermListener::new(path, write, false)?;
     let direct = if write {
         gdirect::File::open_direct_rw(path)?
     } else {
