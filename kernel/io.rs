@@ -116,9 +116,11 @@ const SETTLES: u32 = 3;
 /// there makes likely (the rig saw a whole write bounce so, its three settles each met a tick).
 const TOUCHES: u32 = 8;
 
-/// How many times a bounced chunk refused at a busy inode lock gives its chunk of the pool back
-/// and waits for the lock without it, before bytes move, until its I/O waits with the chunk
-/// held: another task that takes the lock again each time in between must win every race.
+/// How many times a chunk refused at a busy inode lock waits for the lock without what it holds
+/// (a direct chunk its use of the memory, a bounced chunk its chunk of the pool) and is tried
+/// again, before bytes move; then a direct chunk goes on as any refused one (its settles, then
+/// the bounce pool) and a bounced chunk's I/O waits with its chunk held: another task that takes
+/// the lock again each time in between must win every race.
 const LOCK_WAITS: u32 = 8;
 
 /// What a transfer did.
@@ -586,7 +588,7 @@ impl Transfer {
         let mut waited = false;
         while done < len {
             let mut n = (len - done).min(DIRECT_CHUNK);
-            let (mut settles, mut touches) = (0, 0);
+            let (mut settles, mut touches, mut lock_waits) = (0, 0, 0);
             // The permission checks with no use held, once a chunk (its tries move this range
             // or less): their fsnotify events wait for a listener's answer.
             let checked = verify(&self.file, self.dir, self.file_offset + done, n)?;
@@ -628,6 +630,16 @@ impl Transfer {
                             touches += 1;
                             continue;
                         }
+                        // The inode lock held exclusive or awaited by another task (a writer, one
+                        // stalled on a page fault into a userfaultfd for ever), or a write's file
+                        // system frozen: waited for with the memory let go, as a bounced chunk
+                        // waits for it without its chunk of the pool, and the chunk tried
+                        // directly again, not sent through host memory.
+                        if lock_waits < LOCK_WAITS && held_elsewhere(&self.file, self.dir) {
+                            lock_waits += 1;
+                            wait_elsewhere(&self.file, self.dir)?;
+                            continue;
+                        }
                         if settles < SETTLES {
                             settles += 1;
                             settle(&self.file, self.dir, self.file_offset + done, n);
@@ -644,11 +656,11 @@ impl Transfer {
                             n = half;
                             continue;
                         }
-                        // Refused at every size: what the file system waits for (its inode
-                        // lock held, XFS extents not yet read in, which a direct read of a
-                        // cold file with many extents meets) waited for by one block through
-                        // the bounce pool, whose file I/O holds no use and may wait; then the
-                        // rest tried directly again. Refused again with nothing moved
+                        // Refused at every size: what the file system waits for (XFS extents
+                        // not yet read in, which a direct read of a cold file with many extents
+                        // meets; the inode lock taken again by others after each wait above)
+                        // waited for by one block through the bounce pool, whose file I/O holds
+                        // no use and may wait; then the rest tried directly again. Refused again with nothing moved
                         // directly in between: the whole chunk through the pool.
                         n = if waited {
                             (len - done).min(DIRECT_CHUNK)
