@@ -20,7 +20,13 @@
 # to it, meets the lock, and meanwhile a bounced read of another file must get the pool's one
 # chunk (within 5 s, every byte right: its slot poisoned first); once the lock is let go, the
 # stalled transfer moves every byte right. The old module held the chunk through the wait
-# (`other_done_while_stalled=false`).
+# (`other_done_while_stalled=false`). A listener answering every permission event at once
+# counts the stalled transfer's: its range is checked once across the wait, as read(2)'s is.
+#
+# Nor does a direct transfer that met the lock go through host memory for it: with the memory
+# kept, once the lock is let go the transfer moves every byte right, and QEMU's trace (not the
+# module) has the drive move all 1 MiB to or from the GPU's BAR, a read's none into guest RAM.
+# The old module sent a read's first block through the bounce pool, to wait there.
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 mnt=/mnt/gdirect-lock-stall
@@ -32,7 +38,7 @@ insmod "$GDIRECT_MODULE" bounce_buffers=1 && _egpu_insmod ||
 	ktap_exit_fail_msg "cannot load the modules (bounce_buffers=1)"
 
 ktap_print_header
-ktap_set_plan 22
+ktap_set_plan 30
 
 for fs in ext4 xfs; do
 	_fs_setup "$fs"
@@ -46,6 +52,21 @@ for fs in ext4 xfs; do
 			"$(_kv "$out" write_faulted) $(_kv "$out" transfer_blocked) $(_kv "$out" free_done_while_write_stalled)"
 		_test "$fs $dir: the transfer then failed, its memory gone" \
 			_expect_eq io EKEYREVOKED "$(_kv "$out" io)"
+		rm -f "$mnt/f"
+		dd if=/dev/urandom of="$mnt/f" bs=1M count=4 status=none && sync
+		_dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
+		out=$(gdirect-reg lock-stall "$dir" "$mnt/f" keep 2>&1)
+		echo "$out" | while read -r l; do ktap_print_msg "$fs $dir, memory kept: $l"; done
+		_test "$fs $dir, memory kept: the transfer was at the lock, and once it went moved every byte right" \
+			_expect_eq "blocked io right" "true 1048576 true" \
+			"$(_kv "$out" transfer_blocked) $(_kv "$out" io) $(_kv "$out" bytes_right)"
+		if [ "$dir" = read ]; then
+			_test "$fs $dir, memory kept: QEMU's trace has all 1 MiB written into the BAR, none into RAM" \
+				_dma_expect bar_read=1048576 ram_read=0
+		else
+			_test "$fs $dir, memory kept: QEMU's trace has all 1 MiB read from the BAR" \
+				_dma_expect bar_write=1048576
+		fi
 		rm -f "$mnt/f"
 	done
 	_bounce_stall_cases "$fs" "$mnt" lock "the lock" "the lock went"

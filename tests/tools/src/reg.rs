@@ -66,11 +66,13 @@
 //!                                  holds the GPU driver's lock and runs the free callback
 //!   nopages                        REGISTER of GPU memory without struct pages (egpu nopages=1)
 //!   query-stall PEER               a QUERY whose output buffer faults (userfaultfd, not served)
-//!   lock-stall read|write FILE     a transfer between FILE (ext4 or XFS) and GPU memory meeting
+//!   lock-stall read|write FILE [keep]
+//!                                  a transfer between FILE (ext4 or XFS) and GPU memory meeting
 //!                                  the inode's lock held by a buffered write stalled in a
 //!                                  userfaultfd (`transfer_blocked=`: its thread asleep in the
-//!                                  kernel), and the memory freed meanwhile (see the function)
-//!                                  while the memory is freed: the free must not wait for it
+//!                                  kernel), and the memory freed meanwhile: the free must not
+//!                                  wait for it; with keep, not freed: the transfer must end
+//!                                  once the lock goes, every byte right (see the function)
 //!   bounce-stall lock|perm read|write FILE OTHER
 //!                                  (the module loaded with bounce_buffers=1) a bounced transfer
 //!                                  of FILE (ext4 or XFS) meeting its inode's lock held by a
@@ -209,11 +211,18 @@ fn main() -> ExitCode {
             (Some("write"), Some(path)) => perm_stall(path, true),
             _ => return usage(),
         },
-        (Some("lock-stall"), _) => match (arg(1), arg(2)) {
-            (Some("read"), Some(path)) => lock_stall(path, false),
-            (Some("write"), Some(path)) => lock_stall(path, true),
-            _ => return usage(),
-        },
+        (Some("lock-stall"), _) => {
+            let keep = match arg(3) {
+                None => false,
+                Some("keep") => true,
+                Some(_) => return usage(),
+            };
+            match (arg(1), arg(2)) {
+                (Some("read"), Some(path)) => lock_stall(path, false, keep),
+                (Some("write"), Some(path)) => lock_stall(path, true, keep),
+                _ => return usage(),
+            }
+        }
         (Some("bounce-stall"), _) => {
             let stall = match arg(1) {
                 Some("lock") => Stall::Lock,
@@ -1410,7 +1419,7 @@ fn query_stall(peer: PciAddress) -> gdirect::Result<()> {
     Ok(())
 }
 
-/// A direct transfer of 64 KiB between FILE (ext4 or XFS; read into GPU memory, or written
+/// A direct transfer of 1 MiB between FILE (ext4 or XFS; read into GPU memory, or written
 /// from it, extending the file) while a buffered write to FILE holds the inode's lock, stalled
 /// on its source page, which faults into a userfaultfd nobody serves yet (as a page of a stalled
 /// FUSE file would); meanwhile the GPU memory is freed. Prints `write_faulted=` (the stall is
@@ -1418,12 +1427,24 @@ fn query_stall(peer: PciAddress) -> gdirect::Result<()> {
 /// use of the pages that the stalled lock holds), `free_ms=` (once the fault is served, if not
 /// before), `write=` (the buffered write's result) and `io=` (the transfer's bytes, or the
 /// errno it failed with: `EKEYREVOKED` when the memory was gone before the data moved).
-fn lock_stall(path: &str, write: bool) -> gdirect::Result<()> {
+/// With `keep`, the memory is not freed: once the fault is served and the lock goes, the
+/// transfer must move every byte (`io=`), and `bytes_right=` compares them (a read's memory,
+/// poisoned first, with the file as it is then; a write's bytes read back from the file), with
+/// `bounce_bytes=`, what the module says went through host memory (the selftest judges that by
+/// QEMU's trace).
+fn lock_stall(path: &str, write: bool, keep: bool) -> gdirect::Result<()> {
+    const LEN: u64 = 16 * EGPU_PAGE;
     let fail = alloc_error;
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
-    let alloc = gpu.alloc(16 * EGPU_PAGE)?;
+    let mut alloc = gpu.alloc(LEN)?;
     let va = alloc.va();
+    let pattern: Vec<u8> = (0..LEN).map(|i| (i * 13 + 5) as u8).collect();
+    if write {
+        alloc.write(0, &pattern)?;
+    } else {
+        alloc.write(0, &vec![0xa5u8; LEN as usize])?;
+    }
     let reg = driver.register(&alloc)?;
     let direct = if write {
         gdirect::File::open_direct_rw(path)?
@@ -1450,11 +1471,10 @@ fn lock_stall(path: &str, write: bool) -> gdirect::Result<()> {
         let transfer = s.spawn(move || {
             let _ = tid_tx.send(nix::unistd::gettid());
             if write {
-                direct.write_from(reg, 0, size, 16 * EGPU_PAGE)
+                direct.write_from(reg, 0, size, LEN)
             } else {
-                direct.read_into(reg, 0, 0, 16 * EGPU_PAGE)
+                direct.read_into(reg, 0, 0, LEN)
             }
-            .map(|t| t.bytes)
         });
         // The transfer at the lock before the free: its thread asleep in the kernel,
         // uninterruptibly (an inode lock's wait), in three looks 50 ms apart.
@@ -1463,11 +1483,15 @@ fn lock_stall(path: &str, write: bool) -> gdirect::Result<()> {
             .ok()
             .is_some_and(|tid| blocked_in_kernel(tid, Duration::from_secs(5)));
         println!("transfer_blocked={blocked}");
-        let freed = free_apart(gpu.clone(), va);
-        let early = freed.recv_timeout(Duration::from_secs(5));
-        println!("free_done_while_write_stalled={}", early.is_ok());
-        println!("served={}", stalled.serve().is_ok());
-        report_free(early, &freed)?;
+        if keep {
+            println!("served={}", stalled.serve().is_ok());
+        } else {
+            let freed = free_apart(gpu.clone(), va);
+            let early = freed.recv_timeout(Duration::from_secs(5));
+            println!("free_done_while_write_stalled={}", early.is_ok());
+            println!("served={}", stalled.serve().is_ok());
+            report_free(early, &freed)?;
+        }
         let w = writer
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
@@ -1478,7 +1502,28 @@ fn lock_stall(path: &str, write: bool) -> gdirect::Result<()> {
             "write={}",
             w.map_or_else(|e| e.to_string(), |n| n.to_string())
         );
-        report_io(r);
+        if let Ok(t) = &r {
+            println!("bounce_bytes={}", t.bounce_bytes);
+        }
+        let moved = r.as_ref().is_ok_and(|t| t.bytes == LEN);
+        report_io(r.map(|t| t.bytes));
+        if keep {
+            let mut back = vec![0u8; LEN as usize];
+            let file_right = File::open(path).is_ok_and(|mut f| {
+                f.seek(SeekFrom::Start(if write { size } else { 0 }))
+                    .is_ok()
+                    && f.read_exact(&mut back).is_ok()
+            });
+            let right = moved
+                && file_right
+                && if write {
+                    back == pattern
+                } else {
+                    let mut got = vec![0u8; LEN as usize];
+                    alloc.read(0, &mut got).is_ok() && got == back
+                };
+            println!("bytes_right={right}");
+        }
         Ok::<(), Error>(())
     })?;
     drop(reg);
