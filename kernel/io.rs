@@ -558,16 +558,19 @@ impl Transfer {
     /// source page faults into a userfaultfd (or a FUSE file) of a stalled process would stall
     /// every CUDA process on the node. So a regular file's chunk is tried with
     /// [`Wait::NoWait`] (a write's times updated first, [`touch`]); where the file system would
-    /// wait first (`EAGAIN`), the use is dropped, what it would wait for done without one
+    /// wait first (`EAGAIN`), the use is dropped; the inode lock held exclusive or awaited by
+    /// another task (or a write's file system frozen, [`held_elsewhere`]) is waited for without
+    /// it ([`wait_elsewhere`]) and the chunk tried directly again, up to [`LOCK_WAITS`] times;
+    /// otherwise what the file system would wait for is done without one
     /// ([`settle`]: dirty page cache written back, a write's blocks allocated, since no file
     /// system lets an extending or allocating write through without waiting), and the chunk
     /// tried again, up to [`SETTLES`] times (a write whose times went stale in between only
     /// touched again, up to [`TOUCHES`] times more); a write refused still is tried in halves
     /// (one that crosses extents is refused whole), down to a block of the file system;
-    /// refused at every size (its inode lock held, XFS extents not read in), one block goes
-    /// through the bounce pool, whose file I/O holds no use and waits for it, and the rest is
-    /// tried directly again; refused again before any of it moved directly, the chunk goes
-    /// through the pool. Bounced bytes are reported (`bounce_bytes`). A block device's direct
+    /// refused at every size (XFS extents not read in, the lock taken again after each wait),
+    /// one block goes through the bounce pool, whose file I/O holds no use and waits for it,
+    /// and the rest is tried directly again; refused again before any of it moved directly, the
+    /// chunk goes through the pool. Bounced bytes are reported (`bounce_bytes`). A block device's direct
     /// I/O takes no lock of its file to wait on.
     ///
     /// A short chunk ends a transfer (a read's end of file). A read's chunk tried without

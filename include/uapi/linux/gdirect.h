@@ -489,8 +489,10 @@ enum gdirect_transport {
  * On the P2P path the memory is held (a free of it waits) while a chunk's
  * storage I/O runs, not while the file system waits for a lock another task
  * holds: a regular file's chunks (8 MiB) are tried without waiting
- * (IOCB_NOWAIT). A chunk the file system would wait for first (its inode lock
- * held by another writer, dirty page cache in the range, XFS extents not yet
+ * (IOCB_NOWAIT). A chunk refused while its inode lock is held by another
+ * task (a writer) waits for that lock with the memory not held and is tried
+ * directly again, up to 8 times. A chunk the file system would wait for
+ * first for anything else (dirty page cache in the range, XFS extents not yet
  * read in, a write that allocates blocks or extends the file) has that done
  * with the memory not held (the range written back; for a write, its blocks
  * allocated as fallocate(2) with mode 0 does and its cached pages dropped) and
@@ -498,8 +500,9 @@ enum gdirect_transport {
  * again meanwhile has them updated and is tried again, up to 8 times more);
  * a write refused still is tried in halves, down to a block of the file
  * system (ext4 and XFS refuse one that crosses extents, written and unwritten
- * ones say, whatever is done first); refused at every size (the inode lock
- * held, XFS extents of a cold file not yet read in), one block goes through
+ * ones say, whatever is done first); refused at every size (XFS extents of
+ * a cold file not yet read in, the lock taken again by others after each
+ * wait), one block goes through
  * host memory, its I/O waiting for that with the memory not held, and the
  * rest is tried again; refused again before any of it moved, the chunk goes
  * through host memory. What went through host memory is
