@@ -25,9 +25,10 @@
 //! below it. A direct chunk takes room in the user's share of the storage (`users`' gate), then
 //! a use of the pages with its size (`RegShared::inner`); a bounced chunk takes a chunk of the
 //! pool first (`bounce`), then a plain use for its copy and room in the user's share for its I/O
-//! (a write's copy before its I/O, a read's after), one at a time; it waits for a busy inode
-//! lock or a freeze with none of them held (`dio::wait_elsewhere`). Each lock is held only to count or to
-//! wait (a condition variable lets it go), never two at once, and none across the I/O itself.
+//! (a write's copy before its I/O, a read's after), one at a time. Either waits for a busy inode
+//! lock or a freeze with none of them held (`dio::wait_elsewhere`). Each lock is held only to
+//! count or to wait (a condition variable lets it go), never two at once, and none across the
+//! I/O itself.
 
 use core::{ffi::c_void, num::NonZeroU64};
 use kernel::{
@@ -118,8 +119,8 @@ const TOUCHES: u32 = 8;
 
 /// How many times a chunk refused at a busy inode lock waits for the lock without what it holds
 /// (a direct chunk its use of the memory, a bounced chunk its chunk of the pool) and is tried
-/// again, before bytes move; then a direct chunk goes on as any refused one (its settles, then
-/// the bounce pool) and a bounced chunk's I/O waits with its chunk held: another task that takes
+/// again, before bytes move; then a direct chunk goes on as any refused one (its settles, a
+/// write's halves, then the bounce pool) and a bounced chunk's I/O waits with its chunk held: another task that takes
 /// the lock again each time in between must win every race.
 const LOCK_WAITS: u32 = 8;
 

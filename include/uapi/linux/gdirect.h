@@ -371,6 +371,9 @@ struct gdirect_query_args {
  *              max_in_flight_bytes_per_user (the call is restarted instead
  *              where the handler asks for it, SA_RESTART); a batch's transfers
  *              run on the module's workers, which take no signals, and wait.
+ *              Also a fatal signal while a chunk waits, with the memory not
+ *              held, for an inode lock another task holds (see below): the
+ *              task is ending, and the bytes moved before are not reported.
  *  EIO, ENOLINK (transport), ETIMEDOUT and the other errors of the file's
  *  read_iter/write_iter, passed on as the block layer reports them.
  *
@@ -489,9 +492,10 @@ enum gdirect_transport {
  * On the P2P path the memory is held (a free of it waits) while a chunk's
  * storage I/O runs, not while the file system waits for a lock another task
  * holds: a regular file's chunks (8 MiB) are tried without waiting
- * (IOCB_NOWAIT). A chunk refused while its inode lock is held by another
- * task (a writer) waits for that lock with the memory not held and is tried
- * directly again, up to 8 times. A chunk the file system would wait for
+ * (IOCB_NOWAIT). A chunk refused while its inode lock is held or awaited by
+ * another task (a writer), or, for a write, while its file system is frozen,
+ * waits for that with the memory not held and is tried directly again, up to
+ * 8 times. A chunk the file system would wait for
  * first for anything else (dirty page cache in the range, XFS extents not yet
  * read in, a write that allocates blocks or extends the file) has that done
  * with the memory not held (the range written back; for a write, its blocks
