@@ -563,7 +563,7 @@ impl File {
         }
         let alloc = device_allocation(ptr, len)?;
         let engine = cuda_engine(alloc.ordinal)?;
-        let settled = settle(py, Place::Cuda(alloc.ordinal), stream)?;
+        let settled = settle(Some(py), Place::Cuda(alloc.ordinal), stream)?;
         let seg = Segment {
             src: &self.src,
             file_offset,
@@ -737,12 +737,58 @@ impl File {
         may_run_here: bool,
     ) -> PyResult<Future> {
         not_forked()?;
+        // A small request that this thread will wait for at once, as far as can be told (it
+        // holds no other future whose result it has not taken): run here, the GIL released,
+        // as a synchronous call would be, not handed to a `Starter` thread and back. A thread
+        // that starts many before taking their results has the first run here, the rest by
+        // the `Starter` threads, side by side. Not here: a request that would first wait for
+        // the GPU's work (a write out of device memory, a read into memory of no known stream:
+        // the whole context's work), nor one from an event loop's thread (`may_run_here`).
+        let untaken = UNTAKEN.with(Arc::clone);
+        let waits_for_gpu = cuda && len > 0 && !(read && stream.is_some());
+        let inline = may_run_here
+            && !waits_for_gpu
+            && len <= inline_limit()?
+            && untaken.load(Ordering::Relaxed) == 0;
+        let mut fut = if inline {
+            // The GIL released from the driver's first query on (the memory's allocation, its
+            // stream's work): the driver takes its locks for them, which the engine's threads
+            // moving other requests also take, and every other Python thread would wait while
+            // this one waited for them holding the GIL.
+            py.allow_threads(|| -> PyResult<Future> {
+                let request = self.request(None, read, cuda, ptr, len, file_offset, stream)?;
+                let fut = start(read, vec![request], keep, true, false)?;
+                fut.pending.help_and_wait();
+                Ok(fut)
+            })?
+        } else {
+            let request = self.request(Some(py), read, cuda, ptr, len, file_offset, stream)?;
+            start(read, vec![request], keep, true, true)?
+        };
+        untaken.fetch_add(1, Ordering::Relaxed);
+        fut.untaken = Some((untaken, AtomicBool::new(false)));
+        Ok(fut)
+    }
+
+    /// The request of `one`, its memory looked up (`Place::of`) and, for a read, ordered after
+    /// the work queued on `stream` (`settle`; with `py`, the GIL released if it must wait).
+    #[allow(clippy::too_many_arguments)]
+    fn request(
+        &self,
+        py: Option<Python<'_>>,
+        read: bool,
+        cuda: bool,
+        ptr: u64,
+        len: u64,
+        file_offset: u64,
+        stream: Option<u64>,
+    ) -> PyResult<Request> {
         let (place, alloc) = if len == 0 {
             (Place::Host, None)
         } else {
             Place::of(cuda, ptr, len)?
         };
-        let request = Request {
+        Ok(Request {
             src: self.src.clone(),
             sink: if read { None } else { self.sink.clone() },
             direct: self.direct.clone(),
@@ -752,27 +798,7 @@ impl File {
             len,
             place,
             settled: read && settle(py, place, stream)?,
-        };
-        // A small request that this thread will wait for at once, as far as can be told (it
-        // holds no other future whose result it has not taken): run here, the GIL released,
-        // as a synchronous call would be, not handed to a `Starter` thread and back. A thread
-        // that starts many before taking their results has the first run here, the rest by
-        // the `Starter` threads, side by side. Not here: a request that would first wait for
-        // the GPU's work (a write out of device memory, a read into memory of no known stream:
-        // the whole context's work), nor one from an event loop's thread (`may_run_here`).
-        let untaken = UNTAKEN.with(Arc::clone);
-        let waits_for_gpu = matches!(place, Place::Cuda(_)) && !request.settled;
-        let inline = may_run_here
-            && !waits_for_gpu
-            && len <= inline_limit()?
-            && untaken.load(Ordering::Relaxed) == 0;
-        let mut fut = start(read, vec![request], keep, true, !inline)?;
-        untaken.fetch_add(1, Ordering::Relaxed);
-        fut.untaken = Some((untaken, AtomicBool::new(false)));
-        if inline {
-            py.allow_threads(|| fut.pending.help_and_wait());
-        }
-        Ok(fut)
+        })
     }
 
     fn sink(&self) -> PyResult<&Arc<Sink>> {
@@ -1133,10 +1159,11 @@ impl Request {
 
 /// Orders a read into the memory at `place` after the work queued on it: `stream` is the
 /// stream its producer names (PyTorch's current stream, `__cuda_array_interface__`'s
-/// `stream`; 0: none needed), waited for here, on the caller's thread (the GIL released only
-/// if it is busy). Returns whether that was done; if not (host memory, or no stream known),
-/// the read waits for the whole context instead.
-fn settle(py: Python<'_>, place: Place, stream: Option<u64>) -> PyResult<bool> {
+/// `stream`; 0: none needed), waited for here, on the caller's thread (with `py`, the GIL
+/// released only if it is busy; without, the caller released it). Returns whether that was
+/// done; if not (host memory, or no stream known), the read waits for the whole context
+/// instead.
+fn settle(py: Option<Python<'_>>, place: Place, stream: Option<u64>) -> PyResult<bool> {
     let (Place::Cuda(o), Some(s)) = (place, stream) else {
         return Ok(false);
     };
@@ -1149,8 +1176,12 @@ fn settle(py: Python<'_>, place: Place, stream: Option<u64>) -> PyResult<bool> {
     // (the one CUDA runtimes use) or a default stream's handle; the producer keeps it alive.
     if !unsafe { engine.backend().stream_done(s) }.map_err(py_err)? {
         // SAFETY: as above.
-        py.allow_threads(|| unsafe { engine.backend().wait_stream(s) })
-            .map_err(py_err)?;
+        let wait = || unsafe { engine.backend().wait_stream(s) };
+        match py {
+            Some(py) => py.allow_threads(wait),
+            None => wait(),
+        }
+        .map_err(py_err)?;
     }
     Ok(true)
 }
@@ -1874,7 +1905,7 @@ fn submit(
         let settled = match stream {
             Some(s) if read && waited.contains(&(place, s)) => true,
             _ if read => {
-                let done = settle(py, place, stream)?;
+                let done = settle(Some(py), place, stream)?;
                 waited.extend(stream.filter(|_| done).map(|s| (place, s)));
                 done
             }
