@@ -26,7 +26,12 @@
 # Nor does a direct transfer that met the lock go through host memory for it: with the memory
 # kept, once the lock is let go the transfer moves every byte right, and QEMU's trace (not the
 # module) has the drive move all 1 MiB to or from the GPU's BAR, a read's none into guest RAM.
-# The old module sent a read's first block through the bounce pool, to wait there.
+# The old module sent a read's first block through the bounce pool, to wait there. (Its write
+# went peer to peer too, having waited for the lock in fallocate(2) as it allocated the
+# blocks: the write's check guards against a regression; the read's tells the two apart.)
+# And such a wait ends at a fatal signal: a transfer at the lock, made by a child process, is
+# sent SIGKILL and the child must be gone within 5 s, the lock still held (the old module's
+# write waited uninterruptibly, in fallocate(2), until the lock went).
 
 . "${GDIRECT_LIB:-$(dirname "$0")}/gdirect_common.sh"
 mnt=/mnt/gdirect-lock-stall
@@ -38,7 +43,7 @@ insmod "$GDIRECT_MODULE" bounce_buffers=1 && _egpu_insmod ||
 	ktap_exit_fail_msg "cannot load the modules (bounce_buffers=1)"
 
 ktap_print_header
-ktap_set_plan 30
+ktap_set_plan 34
 
 for fs in ext4 xfs; do
 	_fs_setup "$fs"
@@ -58,8 +63,8 @@ for fs in ext4 xfs; do
 		out=$(gdirect-reg lock-stall "$dir" "$mnt/f" keep 2>&1)
 		echo "$out" | while read -r l; do ktap_print_msg "$fs $dir, memory kept: $l"; done
 		_test "$fs $dir, memory kept: the transfer was at the lock, and once it went moved every byte right" \
-			_expect_eq "blocked io right" "true 1048576 true" \
-			"$(_kv "$out" transfer_blocked) $(_kv "$out" io) $(_kv "$out" bytes_right)"
+			_expect_eq "faulted blocked io right" "true true 1048576 true" \
+			"$(_kv "$out" write_faulted) $(_kv "$out" transfer_blocked) $(_kv "$out" io) $(_kv "$out" bytes_right)"
 		if [ "$dir" = read ]; then
 			_test "$fs $dir, memory kept: QEMU's trace has all 1 MiB written into the BAR, none into RAM" \
 				_dma_expect bar_read=1048576 ram_read=0
@@ -67,6 +72,13 @@ for fs in ext4 xfs; do
 			_test "$fs $dir, memory kept: QEMU's trace has all 1 MiB read from the BAR" \
 				_dma_expect bar_write=1048576
 		fi
+		rm -f "$mnt/f"
+		dd if=/dev/urandom of="$mnt/f" bs=1M count=4 status=none && sync
+		out=$(gdirect-reg lock-kill "$dir" "$mnt/f" 2>&1)
+		echo "$out" | while read -r l; do ktap_print_msg "$fs $dir, killed: $l"; done
+		_test "$fs $dir: a transfer at the lock is killable: its process ended within 5 s of SIGKILL, the lock still held" \
+			_expect_eq "faulted blocked killed" "true true true" \
+			"$(_kv "$out" write_faulted) $(_kv "$out" child_blocked) $(_kv "$out" killed_while_stalled)"
 		rm -f "$mnt/f"
 	done
 	_bounce_stall_cases "$fs" "$mnt" lock "the lock" "the lock went"

@@ -73,6 +73,10 @@
 //!                                  kernel), and the memory freed meanwhile: the free must not
 //!                                  wait for it; with keep, not freed: the transfer must end
 //!                                  once the lock goes, every byte right (see the function)
+//!   lock-kill read|write FILE      a transfer as lock-stall's, by a child process, at the lock;
+//!                                  the child is then killed (SIGKILL): it must end while the
+//!                                  lock is still held (see the function)
+//!   lock-kill-child read|write FILE  (lock-kill's child)
 //!   bounce-stall lock|perm read|write FILE OTHER
 //!                                  (the module loaded with bounce_buffers=1) a bounced transfer
 //!                                  of FILE (ext4 or XFS) meeting its inode's lock held by a
@@ -223,6 +227,16 @@ fn main() -> ExitCode {
                 _ => return usage(),
             }
         }
+        (Some("lock-kill"), _) => match (arg(1), arg(2)) {
+            (Some("read"), Some(path)) => lock_kill(path, false),
+            (Some("write"), Some(path)) => lock_kill(path, true),
+            _ => return usage(),
+        },
+        (Some("lock-kill-child"), _) => match (arg(1), arg(2)) {
+            (Some("read"), Some(path)) => lock_kill_child(path, false),
+            (Some("write"), Some(path)) => lock_kill_child(path, true),
+            _ => return usage(),
+        },
         (Some("bounce-stall"), _) => {
             let stall = match arg(1) {
                 Some("lock") => Stall::Lock,
@@ -1530,6 +1544,117 @@ fn lock_stall(path: &str, write: bool, keep: bool) -> gdirect::Result<()> {
     Ok(())
 }
 
+/// A direct transfer of 1 MiB between FILE (as in [`lock_stall`]) by a child process
+/// (`lock-kill-child`), at the inode lock a stalled buffered write holds; then the child is sent
+/// `SIGKILL`. A task waiting for a lock another task may hold for ever must be killable: a job
+/// on a shared node whose file is stuck behind a neighbour's stalled writer can still be ended.
+/// Prints `write_faulted=`, `child_blocked=` (the child's thread asleep in the kernel),
+/// `killed_while_stalled=` (the child was gone within 5 s of the signal, the stall still in
+/// place), `served=`, `write=` (the buffered write) and `child=` (how the child ended).
+fn lock_kill(path: &str, write: bool) -> gdirect::Result<()> {
+    use std::io::BufRead;
+    let fail = alloc_error;
+    let buffered = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| {
+            fail("the file, for buffered writes")(Errno::from_raw(e.raw_os_error().unwrap_or(5)))
+        })?;
+    let stalled = StalledPage::new()?;
+    // SAFETY: the page is mapped and readable; the kernel's copy out of it faults into the
+    // userfaultfd first.
+    let page: &[u8] = unsafe { std::slice::from_raw_parts(stalled.page.as_ptr().cast(), 4096) };
+    let exe = std::env::current_exe().map_err(|_| fail("no executable path")(Errno::ENOENT))?;
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| nix::sys::uio::pwrite(&buffered, page, 0));
+        println!("write_faulted={}", stalled.faulted());
+        let mut child = std::process::Command::new(&exe)
+            .args([
+                "lock-kill-child",
+                if write { "write" } else { "read" },
+                path,
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| fail("the child")(Errno::from_raw(e.raw_os_error().unwrap_or(5))))?;
+        let pid = child.id();
+        // Its transfer starts once it says so (registration first, which may sleep briefly).
+        let (tx, rx) = std::sync::mpsc::channel();
+        if let Some(out) = child.stdout.take() {
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        let started = rx
+            .recv_timeout(Duration::from_secs(10))
+            .is_ok_and(|l| l == "started");
+        let blocked =
+            started && task_blocked_in_kernel(&format!("/proc/{pid}"), Duration::from_secs(5));
+        println!("child_blocked={blocked}");
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let t0 = std::time::Instant::now();
+        let mut ended = None;
+        while ended.is_none() && t0.elapsed() < Duration::from_secs(5) {
+            ended = child.try_wait().ok().flatten();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        println!("killed_while_stalled={}", ended.is_some());
+        println!("served={}", stalled.serve().is_ok());
+        let w = writer
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        println!(
+            "write={}",
+            w.map_or_else(|e| e.to_string(), |n| n.to_string())
+        );
+        let status = match ended {
+            Some(st) => Ok(st),
+            None => child.wait(),
+        };
+        match status {
+            Ok(st) => println!("child={st}"),
+            Err(e) => println!("child=unknown ({e})"),
+        }
+        for line in rx.try_iter() {
+            println!("child_said={line}");
+        }
+        Ok::<(), Error>(())
+    })?;
+    Ok(())
+}
+
+/// `lock-kill`'s child: registers 1 MiB of the emulated GPU's memory, says `started`, and reads
+/// it from FILE at 0 or writes it to FILE's end (the transfer its parent kills); then prints
+/// `io=` (only if it was not killed first).
+fn lock_kill_child(path: &str, write: bool) -> gdirect::Result<()> {
+    use std::io::Write;
+    const LEN: u64 = 16 * EGPU_PAGE;
+    let driver = Driver::open()?;
+    let gpu = Egpu::open()?;
+    let alloc = gpu.alloc(LEN)?;
+    let reg = driver.register(&alloc)?;
+    let direct = if write {
+        gdirect::File::open_direct_rw(path)?
+    } else {
+        gdirect::File::open_direct(path)?
+    };
+    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    println!("started");
+    let _ = std::io::stdout().flush();
+    let r = if write {
+        direct.write_from(&reg, 0, size, LEN)
+    } else {
+        direct.read_into(&reg, 0, 0, LEN)
+    };
+    report_io(r.map(|t| t.bytes));
+    Ok(())
+}
+
 /// What keeps a transfer waiting in [`bounce_stall`].
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Stall {
@@ -1723,7 +1848,12 @@ fn bounce_stall(stall: Stall, path: &str, other: &str, write: bool) -> gdirect::
 /// its `/proc` stat) in three looks 50 ms apart, waiting up to `wait` for that; its `wchan` is
 /// printed (`wchan=`, where the kernel says).
 fn blocked_in_kernel(tid: nix::unistd::Pid, wait: Duration) -> bool {
-    let stat = format!("/proc/self/task/{tid}/stat");
+    task_blocked_in_kernel(&format!("/proc/self/task/{tid}"), wait)
+}
+
+/// [`blocked_in_kernel`] for the task whose `/proc` directory is `task` (of any process).
+fn task_blocked_in_kernel(task: &str, wait: Duration) -> bool {
+    let stat = format!("{task}/stat");
     // The state is the field after the command's closing parenthesis.
     let state = || {
         std::fs::read_to_string(&stat).ok().and_then(|s| {
@@ -1741,7 +1871,7 @@ fn blocked_in_kernel(tid: nix::unistd::Pid, wait: Duration) -> bool {
         };
         std::thread::sleep(Duration::from_millis(50));
     }
-    let wchan = std::fs::read_to_string(format!("/proc/self/task/{tid}/wchan")).unwrap_or_default();
+    let wchan = std::fs::read_to_string(format!("{task}/wchan")).unwrap_or_default();
     println!(
         "wchan={}",
         if wchan.is_empty() { "-" } else { wchan.trim() }
