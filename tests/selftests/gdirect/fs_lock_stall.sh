@@ -42,6 +42,19 @@ _unload_all
 insmod "$GDIRECT_MODULE" bounce_buffers=1 && _egpu_insmod ||
 	ktap_exit_fail_msg "cannot load the modules (bounce_buffers=1)"
 
+# A fresh file of 4 MiB of random bytes at $mnt/f, written back.
+_fresh() {
+	rm -f "$mnt/f"
+	dd if=/dev/urandom of="$mnt/f" bs=1M count=4 status=none && sync
+}
+# gdirect-reg "$2"... on it, its lines printed after "$fs $dir$1: ", its output left in $out.
+_run() {
+	local label=$1
+	shift
+	out=$(gdirect-reg "$@" 2>&1)
+	echo "$out" | while read -r l; do ktap_print_msg "$fs $dir$label: $l"; done
+}
+
 ktap_print_header
 ktap_set_plan 34
 
@@ -49,19 +62,16 @@ for fs in ext4 xfs; do
 	_fs_setup "$fs"
 	_test "$fs made and mounted" _fs_make "$fs" "$FS_DEV" "$mnt"
 	for dir in read write; do
-		dd if=/dev/urandom of="$mnt/f" bs=1M count=4 status=none && sync
-		out=$(gdirect-reg lock-stall "$dir" "$mnt/f" 2>&1)
-		echo "$out" | while read -r l; do ktap_print_msg "$fs $dir: $l"; done
+		_fresh
+		_run "" lock-stall "$dir" "$mnt/f"
 		_test "$fs $dir: the transfer was at the lock, and the free returned while it was held" \
 			_expect_eq "faulted blocked early" "true true true" \
 			"$(_kv "$out" write_faulted) $(_kv "$out" transfer_blocked) $(_kv "$out" free_done_while_write_stalled)"
 		_test "$fs $dir: the transfer then failed, its memory gone" \
 			_expect_eq io EKEYREVOKED "$(_kv "$out" io)"
-		rm -f "$mnt/f"
-		dd if=/dev/urandom of="$mnt/f" bs=1M count=4 status=none && sync
+		_fresh
 		_dma_mark || ktap_exit_fail_msg "no DMA trace from the host"
-		out=$(gdirect-reg lock-stall "$dir" "$mnt/f" keep 2>&1)
-		echo "$out" | while read -r l; do ktap_print_msg "$fs $dir, memory kept: $l"; done
+		_run ", memory kept" lock-stall "$dir" "$mnt/f" keep
 		_test "$fs $dir, memory kept: the transfer was at the lock, and once it went moved every byte right" \
 			_expect_eq "faulted blocked io right" "true true 1048576 true" \
 			"$(_kv "$out" write_faulted) $(_kv "$out" transfer_blocked) $(_kv "$out" io) $(_kv "$out" bytes_right)"
@@ -72,10 +82,8 @@ for fs in ext4 xfs; do
 			_test "$fs $dir, memory kept: QEMU's trace has all 1 MiB read from the BAR" \
 				_dma_expect bar_write=1048576
 		fi
-		rm -f "$mnt/f"
-		dd if=/dev/urandom of="$mnt/f" bs=1M count=4 status=none && sync
-		out=$(gdirect-reg lock-kill "$dir" "$mnt/f" 2>&1)
-		echo "$out" | while read -r l; do ktap_print_msg "$fs $dir, killed: $l"; done
+		_fresh
+		_run ", killed" lock-kill "$dir" "$mnt/f"
 		_test "$fs $dir: a transfer at the lock is killable: its process ended within 5 s of SIGKILL, the lock still held" \
 			_expect_eq "faulted blocked killed" "true true true" \
 			"$(_kv "$out" write_faulted) $(_kv "$out" child_blocked) $(_kv "$out" killed_while_stalled)"

@@ -1321,6 +1321,42 @@ impl StalledPage {
     }
 }
 
+/// A buffered writer of a file that holds its inode lock for as long as the test likes: its
+/// `write` copies from a [`StalledPage`], so it waits inside the file system's write, lock
+/// taken, until the page is served (as a writer whose source is a stalled FUSE file's page does).
+struct LockHolder {
+    file: std::fs::File,
+    stalled: StalledPage,
+}
+
+impl LockHolder {
+    fn new(path: &str) -> gdirect::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(|e| {
+                alloc_error("the file, for buffered writes")(Errno::from_raw(
+                    e.raw_os_error().unwrap_or(5),
+                ))
+            })?;
+        Ok(Self {
+            file,
+            stalled: StalledPage::new()?,
+        })
+    }
+
+    /// The buffered write of the page at offset 0, for a thread of its own: it returns once
+    /// the page is served.
+    fn writer(&self) -> impl FnOnce() -> nix::Result<usize> + Send + '_ {
+        // SAFETY: the page is mapped and readable; the kernel's copy out of it faults into the
+        // userfaultfd first.
+        let page: &[u8] =
+            unsafe { std::slice::from_raw_parts(self.stalled.page.as_ptr().cast(), 4096) };
+        let file = &self.file;
+        move || nix::sys::uio::pwrite(file, page, 0)
+    }
+}
+
 /// A REGISTER of SIZE bytes of host memory whose last page faults into a userfaultfd that is
 /// never served: the pin waits there, as a pin of memory backed by a stalled FUSE file or
 /// userfaultfd handler would. Prints `faulted pid=PID` once the pin is waiting, then waits for
@@ -1448,7 +1484,6 @@ fn query_stall(peer: PciAddress) -> gdirect::Result<()> {
 /// QEMU's trace).
 fn lock_stall(path: &str, write: bool, keep: bool) -> gdirect::Result<()> {
     const LEN: u64 = 16 * EGPU_PAGE;
-    let fail = alloc_error;
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
     let mut alloc = gpu.alloc(LEN)?;
@@ -1466,18 +1501,10 @@ fn lock_stall(path: &str, write: bool, keep: bool) -> gdirect::Result<()> {
         gdirect::File::open_direct(path)?
     };
     let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    let buffered = std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .map_err(|e| {
-            fail("the file, for buffered writes")(Errno::from_raw(e.raw_os_error().unwrap_or(5)))
-        })?;
-    let stalled = StalledPage::new()?;
-    // SAFETY: the page is mapped and readable; the kernel's copy out of it faults into the
-    // userfaultfd first.
-    let page: &[u8] = unsafe { std::slice::from_raw_parts(stalled.page.as_ptr().cast(), 4096) };
+    let holder = LockHolder::new(path)?;
+    let stalled = &holder.stalled;
     std::thread::scope(|s| {
-        let writer = s.spawn(|| nix::sys::uio::pwrite(&buffered, page, 0));
+        let writer = s.spawn(holder.writer());
         println!("write_faulted={}", stalled.faulted());
         // A write extends the file: its blocks must be allocated first.
         let (tid_tx, tid_rx) = std::sync::mpsc::channel();
@@ -1554,19 +1581,11 @@ fn lock_stall(path: &str, write: bool, keep: bool) -> gdirect::Result<()> {
 fn lock_kill(path: &str, write: bool) -> gdirect::Result<()> {
     use std::io::BufRead;
     let fail = alloc_error;
-    let buffered = std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .map_err(|e| {
-            fail("the file, for buffered writes")(Errno::from_raw(e.raw_os_error().unwrap_or(5)))
-        })?;
-    let stalled = StalledPage::new()?;
-    // SAFETY: the page is mapped and readable; the kernel's copy out of it faults into the
-    // userfaultfd first.
-    let page: &[u8] = unsafe { std::slice::from_raw_parts(stalled.page.as_ptr().cast(), 4096) };
+    let holder = LockHolder::new(path)?;
+    let stalled = &holder.stalled;
     let exe = std::env::current_exe().map_err(|_| fail("no executable path")(Errno::ENOENT))?;
     std::thread::scope(|s| {
-        let writer = s.spawn(|| nix::sys::uio::pwrite(&buffered, page, 0));
+        let writer = s.spawn(holder.writer());
         println!("write_faulted={}", stalled.faulted());
         let mut child = std::process::Command::new(&exe)
             .args([
@@ -1682,7 +1701,6 @@ fn bounce_stall(stall: Stall, path: &str, other: &str, write: bool) -> gdirect::
     const LEN: u64 = 64 << 10;
     const WRITE_AT: u64 = 1 << 20;
     let (slot, other_slot) = (0, 2 << 20);
-    let fail = alloc_error;
     let driver = Driver::open()?;
     let gpu = Egpu::open()?;
     let mut alloc = gpu.alloc(64 * EGPU_PAGE)?;
@@ -1710,19 +1728,8 @@ fn bounce_stall(stall: Stall, path: &str, other: &str, write: bool) -> gdirect::
         gdirect::File::open_direct(path)?
     };
     let other_file = gdirect::File::open_direct(other)?;
-    // The buffered writer's file and its stalled source page.
     let holder = match stall {
-        Stall::Lock => Some((
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(path)
-                .map_err(|e| {
-                    fail("the file, for buffered writes")(Errno::from_raw(
-                        e.raw_os_error().unwrap_or(5),
-                    ))
-                })?,
-            StalledPage::new()?,
-        )),
+        Stall::Lock => Some(LockHolder::new(path)?),
         Stall::Perm => None,
     };
     let done = AtomicBool::new(false);
@@ -1739,14 +1746,10 @@ fn bounce_stall(stall: Stall, path: &str, other: &str, write: bool) -> gdirect::
                 asked
             })
         });
-        let holder = holder.as_ref().map(|(buffered, stalled)| {
-            // SAFETY: the page is mapped and readable; the kernel's copy out of it faults into
-            // the userfaultfd first.
-            let page: &[u8] =
-                unsafe { std::slice::from_raw_parts(stalled.page.as_ptr().cast(), 4096) };
-            let w = s.spawn(move || nix::sys::uio::pwrite(buffered, page, 0));
-            println!("holder_faulted={}", stalled.faulted());
-            (w, stalled)
+        let holder = holder.as_ref().map(|h| {
+            let w = s.spawn(h.writer());
+            println!("holder_faulted={}", h.stalled.faulted());
+            (w, &h.stalled)
         });
         let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let (reg, direct) = (&reg, &direct);
