@@ -402,9 +402,9 @@ pub(crate) fn held_elsewhere(file: &File, dir: Dir) -> bool {
 /// Waits for what [`held_elsewhere`] looks at, in turn, and gives each back once taken: for a
 /// write, a freeze of the file system to end (`file_start_write()`, as a write waits), then the
 /// inode lock, shared. For a caller that holds nothing another task needs (a direct chunk lets
-/// its use of the memory go first, a bounced chunk its chunk of the pool). The wait lasts as long as another task holds the lock (one stalled
-/// on a page fault into a userfaultfd, for ever) or the file system stays frozen; a fatal signal
-/// ends the lock's wait (`EINTR`).
+/// its use of the memory go first, a bounced chunk its chunk of the pool). The wait lasts as
+/// long as another task holds the lock (one stalled on a page fault into a userfaultfd, for
+/// ever) or the file system stays frozen; a fatal signal ends the lock's wait (`EINTR`).
 pub(crate) fn wait_elsewhere(file: &File, dir: Dir) -> Result {
     let f = file.as_ptr().cast();
     // SAFETY: `f` is a valid, referenced file, whose inode lives as long as it; the caller holds

@@ -120,8 +120,8 @@ const TOUCHES: u32 = 8;
 /// How many times a chunk refused at a busy inode lock waits for the lock without what it holds
 /// (a direct chunk its use of the memory, a bounced chunk its chunk of the pool) and is tried
 /// again, before bytes move; then a direct chunk goes on as any refused one (its settles, a
-/// write's halves, then the bounce pool) and a bounced chunk's I/O waits with its chunk held: another task that takes
-/// the lock again each time in between must win every race.
+/// write's halves, then the bounce pool) and a bounced chunk's I/O waits with its chunk held:
+/// another task that takes the lock again each time in between must win every race.
 const LOCK_WAITS: u32 = 8;
 
 /// What a transfer did.
@@ -571,8 +571,8 @@ impl Transfer {
     /// refused at every size (XFS extents not read in, the lock taken again after each wait),
     /// one block goes through the bounce pool, whose file I/O holds no use and waits for it,
     /// and the rest is tried directly again; refused again before any of it moved directly, the
-    /// chunk goes through the pool. Bounced bytes are reported (`bounce_bytes`). A block device's direct
-    /// I/O takes no lock of its file to wait on.
+    /// chunk goes through the pool. Bounced bytes are reported (`bounce_bytes`). A block
+    /// device's direct I/O takes no lock of its file to wait on.
     ///
     /// A short chunk ends a transfer (a read's end of file). A read's chunk tried without
     /// waiting may have stopped where the file system would have waited (ext4 without direct
@@ -664,8 +664,9 @@ impl Transfer {
                         // not yet read in, which a direct read of a cold file with many extents
                         // meets; the inode lock taken again by others after each wait above)
                         // waited for by one block through the bounce pool, whose file I/O holds
-                        // no use and may wait; then the rest tried directly again. Refused again with nothing moved
-                        // directly in between: the whole chunk through the pool.
+                        // no use and may wait; then the rest tried directly again. Refused again
+                        // with nothing moved directly in between: the whole chunk through the
+                        // pool.
                         n = if waited {
                             (len - done).min(DIRECT_CHUNK)
                         } else {
