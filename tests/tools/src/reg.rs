@@ -1321,6 +1321,15 @@ impl StalledPage {
     }
 }
 
+/// FILE opened `O_DIRECT` for a transfer: for writes too when `write`.
+fn open_direct_for(path: &str, write: bool) -> gdirect::Result<gdirect::File> {
+    if write {
+        gdirect::File::open_direct_rw(path)
+    } else {
+        gdirect::File::open_direct(path)
+    }
+}
+
 /// A buffered writer of a file that holds its inode lock for as long as the test likes: its
 /// `write` copies from a [`StalledPage`], so it waits inside the file system's write, lock
 /// taken, until the page is served (as a writer whose source is a stalled FUSE file's page does).
@@ -1495,11 +1504,7 @@ fn lock_stall(path: &str, write: bool, keep: bool) -> gdirect::Result<()> {
         alloc.write(0, &vec![0xa5u8; LEN as usize])?;
     }
     let reg = driver.register(&alloc)?;
-    let direct = if write {
-        gdirect::File::open_direct_rw(path)?
-    } else {
-        gdirect::File::open_direct(path)?
-    };
+    let direct = open_direct_for(path, write)?;
     let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let holder = LockHolder::new(path)?;
     let stalled = &holder.stalled;
@@ -1657,11 +1662,7 @@ fn lock_kill_child(path: &str, write: bool) -> gdirect::Result<()> {
     let gpu = Egpu::open()?;
     let alloc = gpu.alloc(LEN)?;
     let reg = driver.register(&alloc)?;
-    let direct = if write {
-        gdirect::File::open_direct_rw(path)?
-    } else {
-        gdirect::File::open_direct(path)?
-    };
+    let direct = open_direct_for(path, write)?;
     let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     println!("started");
     let _ = std::io::stdout().flush();
@@ -1722,11 +1723,7 @@ fn bounce_stall(stall: Stall, path: &str, other: &str, write: bool) -> gdirect::
         Stall::Lock => Some(PermListener::new(path, write, true)?),
         Stall::Perm => None,
     };
-    let direct = if write {
-        gdirect::File::open_direct_rw(path)?
-    } else {
-        gdirect::File::open_direct(path)?
-    };
+    let direct = open_direct_for(path, write)?;
     let other_file = gdirect::File::open_direct(other)?;
     let holder = match stall {
         Stall::Lock => Some(LockHolder::new(path)?),
@@ -2053,11 +2050,7 @@ fn perm_stall(path: &str, write: bool) -> gdirect::Result<()> {
     let va = alloc.va();
     let reg = driver.register(&alloc)?;
     let listener = PermListener::new(path, write, false)?;
-    let direct = if write {
-        gdirect::File::open_direct_rw(path)?
-    } else {
-        gdirect::File::open_direct(path)?
-    };
+    let direct = open_direct_for(path, write)?;
     let me = std::process::id() as i32;
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {
