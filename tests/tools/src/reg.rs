@@ -1366,6 +1366,18 @@ impl LockHolder {
     }
 }
 
+/// Joins a [`LockHolder`]'s stalled writer (served first) and prints `write=`: the bytes it
+/// wrote, or its error.
+fn report_write(writer: std::thread::ScopedJoinHandle<'_, nix::Result<usize>>) {
+    let w = writer
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p));
+    println!(
+        "write={}",
+        w.map_or_else(|e| e.to_string(), |n| n.to_string())
+    );
+}
+
 /// A REGISTER of SIZE bytes of host memory whose last page faults into a userfaultfd that is
 /// never served: the pin waits there, as a pin of memory backed by a stalled FUSE file or
 /// userfaultfd handler would. Prints `faulted pid=PID` once the pin is waiting, then waits for
@@ -1538,16 +1550,10 @@ fn lock_stall(path: &str, write: bool, keep: bool) -> gdirect::Result<()> {
             println!("served={}", stalled.serve().is_ok());
             report_free(early, &freed)?;
         }
-        let w = writer
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        report_write(writer);
         let r = transfer
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        println!(
-            "write={}",
-            w.map_or_else(|e| e.to_string(), |n| n.to_string())
-        );
         if let Ok(t) = &r {
             println!("bounce_bytes={}", t.bounce_bytes);
         }
@@ -1629,13 +1635,7 @@ fn lock_kill(path: &str, write: bool) -> gdirect::Result<()> {
         }
         println!("killed_while_stalled={}", ended.is_some());
         println!("served={}", stalled.serve().is_ok());
-        let w = writer
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        println!(
-            "write={}",
-            w.map_or_else(|e| e.to_string(), |n| n.to_string())
-        );
+        report_write(writer);
         let status = match ended {
             Some(st) => Ok(st),
             None => child.wait(),
