@@ -6,10 +6,11 @@ write it: one write() (what `raw` is in save.py); pwrite() from T threads at the
 mapping of the file written from T threads, each its own range (page faults take no inode
 lock), the file's blocks allocated first (posix_fallocate: a fault then never needs a block, so
 a full disk is ENOSPC there, not a SIGBUS), in 2 MiB ranges each either faulted in with
-MADV_POPULATE_WRITE (whose failures come back as an errno) then copied into (`mmap`), copied
-into with its faults taken one by one (`mmap-nopopulate`), or copied into by the kernel,
-process_vm_writev into this process's own mapping (`mmap-vmwritev`: the kernel takes the
-faults and returns EFAULT where one fails, never SIGBUS). Each time includes opening,
+MADV_POPULATE_WRITE (whose failures come back as an errno) then copied into (`mmap`), or
+copied into with its faults taken one by one (`mmap-nopopulate`); or the file only made long
+(ftruncate, no block allocated ahead) and copied into by the kernel, process_vm_writev into
+this process's own mapping (`mmap-vmwritev`, as the save's mapped writer does: the kernel takes
+the faults and returns EFAULT where one fails, never SIGBUS). Each time includes opening,
 allocating, mapping and unmapping. Every file is read back and compared; nothing is synced.
 
 Usage: fill.py [--gb G] [--threads LIST] [--rounds N] [--dir DIR] [--out FILE]
@@ -93,7 +94,13 @@ def fill_pwrite(path, src, threads):
 def fill_mmap(path, src, threads, populate=True, piece=2 << 20, vm=False):
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.posix_fallocate(fd, 0, len(src))
+        if vm:
+            # As the save's mapped writer makes it: long enough, no block allocated ahead
+            # (unwritten extents would defeat the write-out of a replaced file at its rename);
+            # a fault that cannot get a block is the kernel copy's EFAULT, not a SIGBUS.
+            os.ftruncate(fd, len(src))
+        else:
+            os.posix_fallocate(fd, 0, len(src))
         m = mmap.mmap(fd, len(src), mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
