@@ -9,11 +9,13 @@ a full disk is ENOSPC there, not a SIGBUS), in 2 MiB ranges each either faulted 
 MADV_POPULATE_WRITE (whose failures come back as an errno) then copied into (`mmap`), or
 copied into with its faults taken one by one (`mmap-nopopulate`); or the file only made long
 (ftruncate, no block allocated ahead) and copied into by the kernel, process_vm_writev into
-this process's own mapping (`mmap-vmwritev`, as the save's mapped writer does: the kernel takes
-the faults and returns EFAULT where one fails, never SIGBUS). Each time includes opening,
+this process's own mapping (`mmap-vmwritev`: the kernel takes the faults and returns EFAULT
+where one fails, never SIGBUS). Two more tell which of the two costs there: the file made long
+and copied into by the CPU (`mmap-ftruncate`), and its blocks allocated first, then copied into
+by the kernel (`mmap-vmwritev-falloc`). Each time includes opening,
 allocating, mapping and unmapping. Every file is read back and compared; nothing is synced.
 
-Usage: fill.py [--gb G] [--threads LIST] [--rounds N] [--dir DIR] [--out FILE]
+Usage: fill.py [--gb G] [--threads LIST] [--rounds N] [--dir DIR] [--ways LIST] [--out FILE]
 Prints one JSON object per measurement (and appends it to --out).
 """
 import argparse
@@ -91,13 +93,18 @@ def fill_pwrite(path, src, threads):
         os.close(fd)
 
 
-def fill_mmap(path, src, threads, populate=True, piece=2 << 20, vm=False):
+def fill_mmap(path, src, threads, copy="populate", alloc="fallocate", piece=2 << 20):
+    """copy: "populate" (MADV_POPULATE_WRITE, then a CPU copy), "fault" (a CPU copy, its faults
+    taken one by one) or "kernel" (process_vm_writev); alloc: "fallocate" (blocks allocated
+    ahead) or "ftruncate" (the file only made long: each fault allocates, delayed)."""
+    vm = copy == "kernel"
+    populate = copy == "populate"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        if vm:
-            # As the save's mapped writer makes it: long enough, no block allocated ahead
-            # (unwritten extents would defeat the write-out of a replaced file at its rename);
-            # a fault that cannot get a block is the kernel copy's EFAULT, not a SIGBUS.
+        if alloc == "ftruncate":
+            # No block allocated ahead (unwritten extents would defeat ext4's write-out of a
+            # replaced file at its rename); a fault that cannot get a block is the kernel
+            # copy's EFAULT, but a CPU copy's SIGBUS.
             os.ftruncate(fd, len(src))
         else:
             os.posix_fallocate(fd, 0, len(src))
@@ -145,6 +152,7 @@ def main():
     p.add_argument("--threads", default="1 4 8 16")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dir", default="/var/tmp")
+    p.add_argument("--ways", help="the ways to measure, space-separated (default: all)")
     p.add_argument("--out")
     a = p.parse_args()
     n = int(a.gb * (1 << 30)) // (2 << 20) * (2 << 20)
@@ -153,8 +161,16 @@ def main():
     ways = [("write", fill_write, [1])]
     ts = [int(t) for t in a.threads.split()]
     ways += [("pwrite", fill_pwrite, ts), ("mmap", fill_mmap, ts),
-             ("mmap-nopopulate", lambda p_, s, t: fill_mmap(p_, s, t, populate=False), ts),
-             ("mmap-vmwritev", lambda p_, s, t: fill_mmap(p_, s, t, vm=True), ts)]
+             ("mmap-nopopulate", lambda p_, s, t: fill_mmap(p_, s, t, copy="fault"), ts),
+             ("mmap-vmwritev", lambda p_, s, t: fill_mmap(p_, s, t, "kernel", "ftruncate"), ts),
+             ("mmap-ftruncate", lambda p_, s, t: fill_mmap(p_, s, t, "fault", "ftruncate"), ts),
+             ("mmap-vmwritev-falloc", lambda p_, s, t: fill_mmap(p_, s, t, "kernel"), ts)]
+    if a.ways:
+        pick = a.ways.split()
+        unknown = set(pick) - {w[0] for w in ways}
+        if unknown:
+            p.error(f"--ways: unknown {' '.join(sorted(unknown))}")
+        ways = [w for w in ways if w[0] in pick]
     out = open(a.out, "a", buffering=1) if a.out else None
     fs = os.popen(f"findmnt -n -o FSTYPE --target {a.dir}").read().strip() or "unknown"
     meta = {"meta": {
