@@ -12,7 +12,9 @@ copied into with its faults taken one by one (`mmap-nopopulate`); or the file on
 this process's own mapping (`mmap-vmwritev`: the kernel takes the faults and returns EFAULT
 where one fails, never SIGBUS). Two more tell which of the two costs there: the file made long
 and copied into by the CPU (`mmap-ftruncate`), and its blocks allocated first, then copied into
-by the kernel (`mmap-vmwritev-falloc`). Each time includes opening,
+by the kernel (`mmap-vmwritev-falloc`); and the CPU's copy into blocks allocated first with
+the threads taking 16 MiB pieces in turn, as the engine's workers take a write's
+(`mmap-turns`). Each time includes opening,
 allocating, mapping and unmapping. Every file is read back and compared; nothing is synced.
 
 Usage: fill.py [--gb G] [--threads LIST] [--rounds N] [--dir DIR] [--ways LIST] [--out FILE]
@@ -21,6 +23,7 @@ Prints one JSON object per measurement (and appends it to --out).
 import argparse
 import ctypes
 import datetime
+import itertools
 import json
 import mmap
 import os
@@ -93,10 +96,14 @@ def fill_pwrite(path, src, threads):
         os.close(fd)
 
 
-def fill_mmap(path, src, threads, copy="populate", alloc="fallocate", piece=2 << 20):
+def fill_mmap(path, src, threads, copy="populate", alloc="fallocate", piece=2 << 20,
+              turns=False):
     """copy: "populate" (MADV_POPULATE_WRITE, then a CPU copy), "fault" (a CPU copy, its faults
     taken one by one) or "kernel" (process_vm_writev); alloc: "fallocate" (blocks allocated
-    ahead) or "ftruncate" (the file only made long: each fault allocates, delayed)."""
+    ahead) or "ftruncate" (the file only made long: each fault allocates, delayed); turns: the
+    threads take 16 MiB pieces in turn from a shared counter, each copied at once, as the
+    engine's workers take a write's pieces (else each thread fills one range, 2 MiB at a
+    time)."""
     vm = copy == "kernel"
     populate = copy == "populate"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -134,8 +141,21 @@ def fill_mmap(path, src, threads, copy="populate", alloc="fallocate", piece=2 <<
                 raise OSError(e, os.strerror(e))
             np.copyto(dst[o:o + k], src[o:o + k])
 
+    if turns:
+        step = 16 << 20
+        counter = itertools.count()
+        pieces = -(-len(src) // step)
+
+        def turn(_):
+            while (i := next(counter)) < pieces:  # next() on a count is atomic under the GIL
+                o = i * step
+                np.copyto(dst[o:o + step], src[o:o + step])
+
     try:
-        run_threads(work, chunks(len(src), threads))
+        if turns:
+            run_threads(turn, [(t,) for t in range(threads)])
+        else:
+            run_threads(work, chunks(len(src), threads))
     finally:
         del dst
         m.close()
@@ -164,7 +184,8 @@ def main():
              ("mmap-nopopulate", lambda p_, s, t: fill_mmap(p_, s, t, copy="fault"), ts),
              ("mmap-vmwritev", lambda p_, s, t: fill_mmap(p_, s, t, "kernel", "ftruncate"), ts),
              ("mmap-ftruncate", lambda p_, s, t: fill_mmap(p_, s, t, "fault", "ftruncate"), ts),
-             ("mmap-vmwritev-falloc", lambda p_, s, t: fill_mmap(p_, s, t, "kernel"), ts)]
+             ("mmap-vmwritev-falloc", lambda p_, s, t: fill_mmap(p_, s, t, "kernel"), ts),
+             ("mmap-turns", lambda p_, s, t: fill_mmap(p_, s, t, "fault", turns=True), ts)]
     if a.ways:
         pick = a.ways.split()
         unknown = set(pick) - {w[0] for w in ways}
