@@ -125,11 +125,19 @@ if [ -e "$_GDIRECT_THROTTLED" ]; then
 	_throttle_ns4 "$GDIRECT_NVME0_NS4_BPS" || left "its rate could not be restored"
 fi
 
-# Loop devices over files of the test.
-if [ -n "$(losetup -a 2>/dev/null)" ]; then
-	left "loop devices: $(losetup -a | tr '\n' ';')"
-	for l in $(losetup -a | cut -d: -f1); do losetup -d "$l"; done
-fi
+# Loop devices over files of the test: a bound one has a backing_file in sysfs (read with
+# shell builtins: `losetup -a` took 1.7 to 3.2 s on the debug kernel, measured in the guest,
+# after every test).
+loops=
+for f in /sys/block/loop*/loop/backing_file; do
+	[ -f "$f" ] || continue
+	l=${f#/sys/block/}
+	l=/dev/${l%%/*}
+	read -r b <"$f"
+	loops="$loops$l: $b;"
+	losetup -d "$l"
+done
+[ -z "$loops" ] || left "loop devices: $loops"
 
 # The modules: unloaded for the next test, which loads them itself. A module that
 # cannot be unloaded is held by something the test left.

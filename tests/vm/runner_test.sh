@@ -8,10 +8,10 @@
 # and two that pass in the guest while the host's judge of QEMU's DMA trace fails the run: one
 # that ignores a FAIL the host answered, one that makes fewer host-judged checks than it
 # declares (planted/dma-expects); one that leaves the rig changed (the throttled namespace
-# slowed, the first NVMe's slot powered off: LEFTOVER, both named) and one after it that finds
-# the rig restored; the run fails. Then the host's boot watchdog: a boot held past its limit is
-# recorded and booted once more (the run passes), and a second one fails the run. The host's
-# side of the verdict has its own test (verdict_test.sh).
+# slowed, the first NVMe's slot powered off, a loop device bound: LEFTOVER, all named) and one
+# after it that finds the rig restored; the run fails. Then the host's boot watchdog: a boot
+# held past its limit is recorded and booted once more (the run passes), and a second one fails
+# the run. The host's side of the verdict has its own test (verdict_test.sh).
 # Prints "ok"/"not ok" per check, then "runner_in_guest: N passed, N failed".
 set -uo pipefail
 . "$(dirname "$0")/../../scripts/common.sh"
@@ -52,11 +52,12 @@ check "a false P2P proof the test ignores: ok in the guest, the host's FAIL fail
 check "fewer host-judged checks than declared: ok in the guest, the run fails" \
 	eval 'has "^ok 5 selftests: gdirect: dma_short.sh$" &&
 		has "^vm: FAIL: dma_short.sh made 1 host-judged DMA check\(s\), dma-expects declares 2$"'
-check "a test that leaves a slot powered off and a namespace slowed: not ok, LEFTOVER, both named" \
+check "a test that leaves a slot powered off, a namespace slowed and a loop device: not ok, LEFTOVER, all named" \
 	eval 'has "^not ok 6 selftests: gdirect: rig_left.sh # LEFTOVER \(exit=0\)$" &&
 		has "^# rig_left.sh: leftover: the slot of [0-9a-f:.]+ left powered off$" &&
-		has "^# rig_left.sh: leftover: namespace 4 of gdirect-nvme0 left at 16777216 bytes/s$"'
-check "the test after it finds the rig restored: the NVMe and its namespaces back, reads exact" \
+		has "^# rig_left.sh: leftover: namespace 4 of gdirect-nvme0 left at 16777216 bytes/s$" &&
+		has "^# rig_left.sh: leftover: loop devices: /dev/loop[0-9]+: /tmp/rig-left.img;$"'
+check "the test after it finds the rig restored: the NVMe and its namespaces back, reads exact, no loop device" \
 	has '^ok 7 selftests: gdirect: after_rig.sh$'
 check "the run fails, and says so" \
 	eval '[ $rc -ne 0 ] && has "^vm: 4 passed, 3 failed, 0 skipped$"'
