@@ -10,12 +10,11 @@
 #
 # Checked, in order: processes (other than PID 1, KEEP_PIDs and this script's own);
 # gdirect registrations or pinned bytes once no process holds the device, pages pinned by the
-# kernel's own count and page tables the emulated GPU handed out and were not put; the
-# modules (unloaded, which fails if anything still holds them); NVMe-oF host
-# controllers, nvmet subsystems and ports, soft-RoCE links, the RNICs' addresses and the
-# veth pair;
-# mounts of test devices; a slot left powered off; namespace 4's rate left changed; loop
-# devices; fault injection left switched on.
+# kernel's own count and page tables the emulated GPU handed out and were not put; fault
+# injection left switched on; mounts of test devices; NVMe-oF host controllers, nvmet
+# subsystems and ports, soft-RoCE links, the RNICs' addresses and the veth pair; a slot left
+# powered off; namespace 4's rate left changed; loop devices; the modules (unloaded, which
+# fails if anything still holds them).
 
 GDIRECT_LIB=${GDIRECT_LIB:-/selftests/lib}
 . "$GDIRECT_LIB/gdirect_common.sh"
