@@ -41,13 +41,13 @@ def load(cache):
 
 def log(cache, variant, stamp, full=1, part="1/1", run="none", tests=("a.sh",), extra=""):
     """A kept console log as scripts/vm writes it: its head, the tests' lines, its verdict."""
-    name = f"console-{variant}-{stamp}.log"
+    name = f"console-{variant}-{stamp}-4242.log"  # scripts/vm's name: its time, then its pid
     lines = [f"# gdirect-vm variant={variant} commit=abc1234 date=2026-12-07T00:00:00Z "
              f"tests={len(tests)} omitted=0 full={full} nv_driver=580 part={part} run={run} "
              "intel_cpu=0"]
     for i, t in enumerate(tests, 1):
-        lines += [f"# selftests: gdirect: {t}", extra, f"# {t} took 3s",
-                  f"ok {i} selftests: gdirect: {t}"]
+        lines += [f"# selftests: gdirect: {t}", extra, f"ok {i} selftests: gdirect: {t}",
+                  f"# {t} took 3s"]
     lines.append(f"# gdirect-vm-result passed={len(tests)} failed=0 skipped=0 host_checks=0 "
                  "kernel_reports=0 problems=0 seconds=9")
     path = os.path.join(cache, "logs", name)
@@ -105,8 +105,11 @@ def main():
         expect("take refuses parts of two runs", why is not None and "is not part 2/2" in why, why)
         why = exits(rel.take, t, [a2, a1])
         expect("take refuses parts out of order", why is not None and "is not part 1/2" in why, why)
-        why = exits(rel.take, a1, [b1, b2])
+        why = exits(rel.take, whole, [b1, b2])
         expect("take refuses a debug log as the test kernel's", why is not None and "full test run" in why, why)
+        few = log(cache, "test", "20261207-150100", full=0)
+        why = exits(rel.take, few, [b1, b2])
+        expect("take refuses a run of a few tests", why is not None and "full test run" in why, why)
 
         # A test whose own output is a "# kept as" line: printed inside a part, never above a
         # run's first line, so it must not split the part.
@@ -123,6 +126,8 @@ def main():
             expect("each part's own tests and head", runs[0]["order"] == ["a.sh", "b.sh"]
                    and runs[1]["order"] == ["c.sh"] and runs[1]["head"].get("part") == "2/2",
                    [(r["order"], r["head"]) for r in runs])
+        expect("each test's seconds read", runs[0]["tests"].get("b.sh", {}).get("seconds") == 3,
+               runs[0]["tests"])
         with lzma.open(rel.committed("test"), "rt") as f:
             text = f.read()
         expect("the test kernel's log kept whole under its name",
