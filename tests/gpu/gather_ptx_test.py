@@ -21,6 +21,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOURCE = os.path.join(ROOT, "userspace/gdirect/src/compat/cuda.rs")
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from tally import Tally  # noqa: E402
 POISON = 0xA5
 
 
@@ -218,16 +220,8 @@ def random_copies(rng, dst_len, src_len, count, aligned_share):
 
 
 def main():
-    passed = failed = 0
-
-    def expect(name, ok, detail=""):
-        nonlocal passed, failed
-        if ok:
-            passed += 1
-            print(f"ok {name}")
-        else:
-            failed += 1
-            print(f"FAIL {name} {detail}")
+    tally = Tally("gather_ptx")
+    expect = tally.check
 
     ptx = kernel_text()
     rng = random.Random(31)
@@ -302,8 +296,7 @@ def main():
     else:
         print("(no ptxas here: the text is assembled by the driver on the H200 run)")
 
-    print(f"gather_ptx: {passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.summary()
 
 
 if __name__ == "__main__":

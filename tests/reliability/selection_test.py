@@ -16,18 +16,11 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "..", "scripts", "reliability")
+sys.path.insert(0, os.path.dirname(HERE))
+from tally import Tally  # noqa: E402
 
-passed = failed = 0
-
-
-def expect(what, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print(f"ok - {what}")
-    else:
-        failed += 1
-        print(f"not ok - {what}: {detail}")
+tally = Tally("reliability_select")
+expect = tally.check
 
 
 def load(cache):
@@ -133,8 +126,7 @@ def main():
         expect("the test kernel's log kept whole under its name",
                text.startswith(f"# kept as {os.path.basename(t)}\n# gdirect-vm variant=test"), text[:80])
 
-    print(f"reliability_select: {passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.summary()
 
 
 if __name__ == "__main__":

@@ -13,21 +13,17 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
 import dma_trace  # noqa: E402
+from tally import Tally  # noqa: E402
 
 BAR, BAR_SIZE = 0xE0000000, 0x10000000
 NVME = (3, 0, 0)
-passed = failed = 0
+tally = Tally("dma_trace")
 
 
 def expect(what, got, want):
-    global passed, failed
-    if got == want:
-        passed += 1
-        print(f"ok - {what}")
-    else:
-        failed += 1
-        print(f"not ok - {what}: got {got!r}, want {want!r}")
+    tally.check(what, got == want, f"got {got!r}, want {want!r}")
 
 
 def trace(lines):
@@ -151,8 +147,7 @@ def main():
     expect("frees, iommu: pages judged by the translation", (r["during_bar_dma"], r["bar_commands"]), (1, 1))
     os.unlink(t)
 
-    print(f"dma_trace: {passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.summary()
 
 
 if __name__ == "__main__":

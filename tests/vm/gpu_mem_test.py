@@ -17,8 +17,10 @@ TOOL = os.path.join(HERE, "gpu_mem.py")
 PAGE = 0x10000
 VA_BASE = 0x7E0000000000
 PAGES = 16  # a 1 MiB BAR: 15 usable pages and the directory
+sys.path.insert(0, os.path.dirname(HERE))
+from tally import Tally  # noqa: E402
 
-passed = failed = 0
+tally = Tally("gpu_mem")
 
 
 def run(*args):
@@ -27,14 +29,7 @@ def run(*args):
 
 
 def expect(what, got, want_ok):
-    global passed, failed
-    ok = got.startswith("OK") if want_ok else got.startswith("FAIL")
-    if ok:
-        passed += 1
-        print(f"ok - {what}")
-    else:
-        failed += 1
-        print(f"not ok - {what}: {got!r}")
+    tally.check(what, got.startswith("OK") if want_ok else got.startswith("FAIL"), repr(got))
 
 
 def bar(entries, magic=0x3152494455504745):
@@ -85,5 +80,4 @@ with tempfile.TemporaryDirectory() as tmp:
         f.write(bar([9, 2, 5], magic=0))
     expect("no page directory (GPU not loaded): FAIL", run("compare", shm, PAGE, f"gva:{VA_BASE}", f"{ref}:100"), False)
 
-print(f"gpu_mem: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(tally.summary())
